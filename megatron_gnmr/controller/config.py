@@ -1,0 +1,98 @@
+"""GNMRConfig: the knobs of the decision rule (SPEC section 5), validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+def _parse_schedule(value) -> tuple[tuple[int, float], ...]:
+    """A threshold schedule: `((step, value), ...)` or the flag form `"1:3.0,500:2.0"`."""
+    if value is None or value == "" or value == ():
+        return ()
+    if isinstance(value, str):
+        pairs = []
+        for item in value.split(","):
+            step, _, threshold = item.partition(":")
+            pairs.append((int(step), float(threshold)))
+        value = pairs
+    return tuple(sorted((int(step), float(threshold)) for step, threshold in value))
+
+
+@dataclass
+class GNMRConfig:
+    """The GNMR decision rule's parameters (SPEC sections 4 and 5)."""
+
+    alpha: float = 2.0
+    """Long-horizon threshold: a unit is risky when GNMR_t = n_t / mean(n_1..n_t-1) > alpha."""
+    beta: float = 1.5
+    """Short-window threshold: risky when Delta-GNMR (GNMR over its last `delta` values) > beta."""
+    delta: int = 8
+    """Delta-GNMR window length, in accepted GNMR values (>= 1)."""
+    max_o: float = 4
+    """Recovery budget: an int (units) or a float in (0, 1) (fraction of units, rounded down)."""
+    t_lock: int = 5
+    """Steps a selected risky unit stays in the candidate pool after its last exceedance."""
+    warmup: int = 16
+    """Decision steps during which nothing is risky but non-finite norms (>= delta + 1)."""
+    eps: float = 1e-12
+    """Guard for zero denominators: x / max(den, eps)."""
+    alpha_schedule: Sequence = field(default=())
+    """Optional piecewise-constant schedule for alpha: ((from_step, alpha), ...) or "1:3,500:2"."""
+    beta_schedule: Sequence = field(default=())
+    """Optional piecewise-constant schedule for beta, same form as alpha_schedule."""
+
+    def __post_init__(self) -> None:
+        self.alpha_schedule = _parse_schedule(self.alpha_schedule)
+        self.beta_schedule = _parse_schedule(self.beta_schedule)
+        for name in ("alpha", "beta"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"gnmr.{name} must be a finite number > 0, got {value!r}")
+            for step, threshold in getattr(self, f"{name}_schedule"):
+                if step < 1 or not (math.isfinite(threshold) and threshold > 0):
+                    raise ValueError(
+                        f"gnmr.{name}_schedule needs steps >= 1 and finite thresholds > 0, "
+                        f"got ({step}, {threshold})"
+                    )
+        if isinstance(self.delta, bool) or not isinstance(self.delta, int) or self.delta < 1:
+            raise ValueError(f"gnmr.delta must be an integer >= 1, got {self.delta!r}")
+        if isinstance(self.t_lock, bool) or not isinstance(self.t_lock, int) or self.t_lock < 0:
+            raise ValueError(f"gnmr.t_lock must be an integer >= 0, got {self.t_lock!r}")
+        if (
+            isinstance(self.warmup, bool)
+            or not isinstance(self.warmup, int)
+            or self.warmup < self.delta + 1
+        ):
+            raise ValueError(
+                f"gnmr.warmup must be an integer >= delta + 1 = {self.delta + 1}, "
+                f"got {self.warmup!r}"
+            )
+        if not (isinstance(self.eps, (int, float)) and self.eps > 0):
+            raise ValueError(f"gnmr.eps must be > 0, got {self.eps!r}")
+        self.budget(1)  # validates max_o
+
+    def budget(self, num_units: int) -> int:
+        """max_o as a number of units for a model with `num_units` eligible units."""
+        max_o = self.max_o
+        if isinstance(max_o, bool) or not isinstance(max_o, (int, float)):
+            raise ValueError(f"gnmr.max_o must be an int >= 0 or a float in (0, 1), got {max_o!r}")
+        if isinstance(max_o, float) and not max_o.is_integer():
+            if not 0 < max_o < 1:
+                raise ValueError(
+                    f"gnmr.max_o as a fraction must lie in (0, 1), got {max_o!r} "
+                    "(use an integer for a count of units)"
+                )
+            return max(0, math.floor(max_o * num_units))
+        if max_o < 0:
+            raise ValueError(f"gnmr.max_o must be an int >= 0 or a float in (0, 1), got {max_o!r}")
+        return int(max_o)
+
+    def threshold(self, name: str, step: int) -> float:
+        """alpha_t or beta_t: the last schedule entry at or before `step`, else the constant."""
+        value = getattr(self, name)
+        for from_step, threshold in getattr(self, f"{name}_schedule"):
+            if from_step <= step:
+                value = threshold
+        return value

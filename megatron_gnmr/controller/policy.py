@@ -1,0 +1,180 @@
+"""The GNMR policy: per-unit norms in, the next step's recovery set out (SPEC 4 and 5).
+
+Pure numpy: no torch.distributed, no Megatron. Every rank feeds it the same all-reduced
+norm vector and so decides the same set without further communication. Everything that
+influences a future decision is in `state_dict()`, so a resumed run decides exactly as the
+uninterrupted run would have.
+
+Cost is O(num_units * delta) per step, independent of parameter count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from megatron_gnmr.controller.config import GNMRConfig
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One call of `GNMRPolicy.step`. Per-unit arrays are float64, NaN where undefined."""
+
+    step: int
+    recovery: tuple[int, ...]
+    """Sorted unit indices that run the recovery path in the NEXT step."""
+    norms: np.ndarray
+    gnmr: np.ndarray
+    delta_gnmr: np.ndarray
+    risk: np.ndarray
+    risky: np.ndarray
+    """bool per unit: exceeded a threshold (or had a non-finite norm) at this step."""
+    locks: np.ndarray
+    """int per unit, after this step's lock update."""
+    pool_size: int
+    nonfinite: tuple[int, ...]
+    """Units whose norm was NaN/Inf at this step (reported, never entered in a history)."""
+
+
+class GNMRPolicy:
+    """GNMR / Delta-GNMR scoring with a hard budget `max_o` and a lock against thrashing."""
+
+    def __init__(self, config: GNMRConfig, num_units: int):
+        if num_units < 0:
+            raise ValueError(f"num_units must be >= 0, got {num_units}")
+        self.config = config
+        self.num_units = num_units
+        self.max_o = config.budget(num_units)
+        n, delta = num_units, config.delta
+        self.t = 0
+        self.norm_sum = np.zeros(n, dtype=np.float64)
+        self.norm_count = np.zeros(n, dtype=np.int64)
+        self.gnmr_ring = np.zeros((n, delta), dtype=np.float64)
+        self.gnmr_count = np.zeros(n, dtype=np.int64)  # GNMR values ever pushed
+        self.locks = np.zeros(n, dtype=np.int64)
+        # Running totals for the summary figures of SPEC 5.
+        self.eligible_unit_steps = 0
+        self.recovery_unit_steps = 0
+        self.risky_unit_steps = 0
+        self.switches = 0
+        self._recovery = np.zeros(n, dtype=bool)
+
+    def step(self, norms) -> Decision:
+        """Score this step's per-unit gradient norms and choose the next recovery set."""
+        norms = self._as_vector(norms)
+        cfg, eps = self.config, self.config.eps
+        self.t += 1
+        t = self.t
+        finite = np.isfinite(norms)
+
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_norm = self.norm_sum / np.maximum(self.norm_count, 1)
+            gnmr = np.where(
+                finite & (self.norm_count >= 1), norms / np.maximum(mean_norm, eps), np.nan
+            )
+            window_full = self.gnmr_count >= cfg.delta
+            window_mean = self.gnmr_ring.sum(axis=1) / cfg.delta
+            delta_gnmr = np.where(
+                window_full & ~np.isnan(gnmr), gnmr / np.maximum(window_mean, eps), np.nan
+            )
+            alpha, beta = cfg.threshold("alpha", t), cfg.threshold("beta", t)
+            scores = np.stack([gnmr / alpha, delta_gnmr / beta])
+            risk = np.where(np.isnan(scores).all(axis=0), 0.0, np.nanmax(
+                np.where(np.isnan(scores), -np.inf, scores), axis=0))
+
+        risky = (gnmr > alpha) | (delta_gnmr > beta)  # NaN compares False: undefined is safe
+        if t <= cfg.warmup:
+            risky[:] = False
+        risky |= ~finite
+        risk = np.where(finite, risk, np.inf)
+
+        pool = risky | (self.locks > 0)
+        candidates = np.flatnonzero(pool)
+        # Highest risk first; ties to the lower canonical index (lexsort: last key primary).
+        order = candidates[np.lexsort((candidates, -risk[candidates]))]
+        selected = np.sort(order[: self.max_o])
+
+        in_selection = np.zeros(self.num_units, dtype=bool)
+        in_selection[selected] = True
+        relock = in_selection & risky
+        decay = ~relock & (self.locks > 0) & ~risky
+        self.locks[relock] = cfg.t_lock
+        self.locks[decay] -= 1
+
+        self._update_history(norms, gnmr, finite)
+        self._count(in_selection, risky)
+
+        return Decision(
+            step=t,
+            recovery=tuple(int(u) for u in selected),
+            norms=norms,
+            gnmr=gnmr,
+            delta_gnmr=delta_gnmr,
+            risk=risk,
+            risky=risky,
+            locks=self.locks.copy(),
+            pool_size=int(candidates.size),
+            nonfinite=tuple(int(u) for u in np.flatnonzero(~finite)),
+        )
+
+    def _update_history(self, norms: np.ndarray, gnmr: np.ndarray, finite: np.ndarray) -> None:
+        # Only accepted (finite) observations enter sums, counts and windows.
+        self.norm_sum[finite] += norms[finite]
+        self.norm_count[finite] += 1
+        pushed = np.flatnonzero(~np.isnan(gnmr))
+        slot = self.gnmr_count[pushed] % self.config.delta
+        self.gnmr_ring[pushed, slot] = gnmr[pushed]
+        self.gnmr_count[pushed] += 1
+
+    def _count(self, in_selection: np.ndarray, risky: np.ndarray) -> None:
+        self.eligible_unit_steps += self.num_units
+        self.recovery_unit_steps += int(in_selection.sum())
+        self.risky_unit_steps += int(risky.sum())
+        self.switches += int((in_selection != self._recovery).sum())
+        self._recovery = in_selection
+
+    def _as_vector(self, norms) -> np.ndarray:
+        if hasattr(norms, "detach"):  # torch tensor, without importing torch here
+            norms = norms.detach().cpu().double().numpy()
+        vector = np.asarray(norms, dtype=np.float64).reshape(-1)
+        if vector.shape != (self.num_units,):
+            raise ValueError(f"expected {self.num_units} norms, got {vector.shape[0]}")
+        return vector.copy()
+
+    @property
+    def recovery(self) -> tuple[int, ...]:
+        """The current recovery set (decided by the last step)."""
+        return tuple(int(u) for u in np.flatnonzero(self._recovery))
+
+    def summary(self) -> dict[str, float]:
+        """Recovery sparsity, exceedance rate and switches per 1,000 steps so far."""
+        eligible = max(self.eligible_unit_steps, 1)
+        return {
+            "steps": self.t,
+            "recovery_sparsity": self.recovery_unit_steps / eligible,
+            "exceedance_rate": self.risky_unit_steps / eligible,
+            "switches_per_1k_steps": 1000.0 * self.switches / max(self.t, 1),
+        }
+
+    _ARRAYS = ("norm_sum", "norm_count", "gnmr_ring", "gnmr_count", "locks", "_recovery")
+    _COUNTERS = ("t", "eligible_unit_steps", "recovery_unit_steps", "risky_unit_steps", "switches")
+
+    def state_dict(self) -> dict:
+        state = {name: getattr(self, name).copy() for name in self._ARRAYS}
+        state.update({name: getattr(self, name) for name in self._COUNTERS})
+        state["num_units"] = self.num_units
+        state["delta"] = self.config.delta
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_units"] != self.num_units or state["delta"] != self.config.delta:
+            raise ValueError(
+                f"controller state is for {state['num_units']} units and delta "
+                f"{state['delta']}, this policy has {self.num_units} units and delta "
+                f"{self.config.delta}"
+            )
+        for name in self._ARRAYS:
+            setattr(self, name, np.array(state[name], copy=True))
+        for name in self._COUNTERS:
+            setattr(self, name, int(state[name]))
