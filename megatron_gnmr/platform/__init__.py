@@ -4,3 +4,14 @@ from megatron_gnmr.platform.capabilities import Capability, cuda, transformer_en
 from megatron_gnmr.platform.cpu_patches import apply_cpu_patches
 
 __all__ = ["Capability", "apply_cpu_patches", "cuda", "transformer_engine"]
+
+
+def quiet_known_warnings() -> None:
+    """Silence megatron-core's import-time notices that say nothing actionable here
+    (missing apex/TE fallbacks are expected on CPU; TE's absence is reported by
+    `capabilities.transformer_engine()` when a flag needs it)."""
+    import warnings
+
+    for pattern in (r".*(Apex|Transformer Engine and Apex) (is|are) not installed",
+                    r"full scope is deprecated"):
+        warnings.filterwarnings("ignore", message=pattern)

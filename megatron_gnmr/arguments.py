@@ -1,0 +1,163 @@
+"""The command line: Megatron-style flags and YAML files mapped onto `config.RunConfig`.
+
+Flags are generated from the config dataclasses, so every field is settable both ways and
+has exactly one default. Precedence: dataclass default < YAML (`--config`) < flags.
+Every mistake is raised as a UserError naming the flag, key or file at fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+
+import yaml
+
+from megatron_gnmr.config import SECTIONS, RunConfig
+from megatron_gnmr.errors import UserError
+
+
+def _flag(section: str, name: str) -> str:
+    if section == "gnmr":
+        return "--gnmr" if name == "enabled" else f"--gnmr-{name.replace('_', '-')}"
+    return f"--{name.replace('_', '-')}"
+
+
+def _number(text: str) -> float | int:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _base_type(annotation) -> type:
+    """int / float / str / bool out of Optional[...] and friends (schedules are strings)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Union and len(args) == 1:
+        return _base_type(args[0])
+    return annotation if annotation in (int, float, str, bool) else str
+
+
+def _fields(section: str):
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    for f in dataclasses.fields(cls):
+        yield f, _base_type(hints[f.name]), docs.get(f.name, "")
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """The docstring under each dataclass field, for --help."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for node, after in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr):
+                if isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                    docs[node.target.id] = after.value.value.strip()
+    return docs
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, instead of usage + message
+        raise UserError(f"{message} (see --help)")
+
+
+def build_parser(prog: str = "pretrain_llama.py") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, allow_abbrev=False, description="LLaMA pretraining on megatron-core with GNMR.")
+    parser.add_argument("--config", help="YAML file with sections: " + ", ".join(SECTIONS))
+    for section in SECTIONS:
+        group = parser.add_argument_group(section)
+        for f, kind, doc in _fields(section):
+            flag, dest = _flag(section, f.name), f"{section}.{f.name}"
+            help_text = doc.replace("%", "%%")
+            if kind is bool:
+                group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                   default=argparse.SUPPRESS, help=help_text)
+            else:
+                parse = _number if f.name == "max_o" else kind
+                group.add_argument(flag, dest=dest, type=parse, default=argparse.SUPPRESS,
+                                   metavar=kind.__name__.upper(), help=help_text)
+    return parser
+
+
+def _check_yaml_value(path: str, section: str, name: str, value, kind: type, optional: bool):
+    if value is None and optional:
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value) if name != "max_o" else value
+    if kind is str and section == "gnmr" and name.endswith("_schedule"):
+        return value
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise UserError(
+            f"{path}: {section}.{name} must be {kind.__name__}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    return value
+
+
+def _load_yaml(path: str) -> dict[str, dict]:
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"--config {path}: no such file")
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise UserError(f"--config {path}: not valid YAML ({str(error).splitlines()[0]})")
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path}: the top level must be a mapping of sections")
+    values: dict[str, dict] = {}
+    for section, entries in data.items():
+        if section not in SECTIONS:
+            hint = difflib.get_close_matches(str(section), SECTIONS, n=1)
+            raise UserError(
+                f"{path}: unknown section {section!r}"
+                + (f" (did you mean {hint[0]!r}?)" if hint else f"; known: {', '.join(SECTIONS)}")
+            )
+        if not isinstance(entries, dict):
+            raise UserError(f"{path}: section {section!r} must be a mapping")
+        known = {f.name: (f, kind) for f, kind, _ in _fields(section)}
+        for name, value in entries.items():
+            if name not in known:
+                hint = difflib.get_close_matches(str(name), known, n=1)
+                raise UserError(
+                    f"{path}: unknown key {section}.{name}"
+                    + (f" (did you mean {section}.{hint[0]}?)" if hint else "")
+                )
+            f, kind = known[name]
+            optional = f.default is None
+            values.setdefault(section, {})[name] = _check_yaml_value(
+                path, section, name, value, kind, optional
+            )
+    return values
+
+
+def parse_config(argv: list[str] | None = None) -> RunConfig:
+    """Parse flags (and the YAML they name) into a validated RunConfig."""
+    namespace = vars(build_parser().parse_args(argv))
+    values = _load_yaml(namespace.pop("config")) if namespace.get("config") else {}
+    namespace.pop("config", None)
+    for dest, value in namespace.items():
+        section, name = dest.split(".", 1)
+        values.setdefault(section, {})[name] = value
+    sections = {}
+    for section, cls in SECTIONS.items():
+        try:
+            sections[section] = cls(**values.get(section, {}))
+        except ValueError as error:
+            raise UserError(f"{error} (flag {_flag_for_message(str(error))})") from None
+    return RunConfig(**sections)
+
+
+def _flag_for_message(message: str) -> str:
+    """Name the flag behind a `gnmr.alpha must ...` style message from a config class."""
+    key = message.split(" ", 1)[0]
+    section, _, name = key.partition(".")
+    return _flag(section, name) if section in SECTIONS and name else "see --help"

@@ -1,0 +1,219 @@
+"""Typed run configuration: one dataclass per section, the single source of defaults.
+
+YAML files and command-line flags both map onto these dataclasses (`arguments.py`), so a
+default or a validation rule is written exactly once. Field docstrings double as `--help`.
+Each field's flag is Megatron's name for it (`--num-layers`, `--micro-batch-size`, ...);
+the `gnmr` section's flags carry the `--gnmr-` prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Optional
+
+from megatron_gnmr.controller.config import GNMRConfig
+from megatron_gnmr.errors import UserError
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 2
+    """Decoder layers."""
+    hidden_size: int = 128
+    """Model width d_model."""
+    ffn_hidden_size: int = 352
+    """SwiGLU inner width (LLaMA uses ~8/3 * hidden, rounded)."""
+    num_attention_heads: int = 4
+    """Query heads."""
+    num_query_groups: Optional[int] = None
+    """Key/value heads for grouped-query attention (None: one per query head)."""
+    seq_length: int = 128
+    """Training sequence length in tokens."""
+    rotary_base: int = 10000
+    """RoPE base."""
+    init_method_std: float = 0.02
+    """Std of the normal weight initialisation."""
+    norm_epsilon: float = 1e-5
+    """RMSNorm epsilon."""
+
+
+@dataclass
+class ParallelConfig:
+    tensor_model_parallel_size: int = 1
+    """TP degree: splits heads and FFN columns across ranks."""
+    pipeline_model_parallel_size: int = 1
+    """PP degree: splits layers into stages (megatron's 1F1B schedule)."""
+
+
+@dataclass
+class TrainingConfig:
+    micro_batch_size: int = 4
+    """Sequences per micro-batch per data-parallel rank."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step over all data-parallel ranks (gradient accumulation)."""
+    train_iters: int = 100
+    """Optimizer steps."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    min_lr: float = 3e-4
+    """Learning rate at the end of cosine decay."""
+    lr_warmup_iters: int = 10
+    """Linear warm-up steps."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.95
+    """AdamW beta2."""
+    clip_grad: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    bf16: bool = False
+    """Train in bf16 (fp32 master weights). Off on CPU by default: bf16 matmuls are slower."""
+    seed: int = 1234
+    """Seed for weights, data order and dropout."""
+    log_interval: int = 10
+    """Print and log metrics every N steps."""
+    eval_interval: int = 50
+    """Validation every N steps (and at the end)."""
+    eval_iters: int = 4
+    """Validation batches per evaluation."""
+    save: Optional[str] = None
+    """Run directory: checkpoints, metrics.jsonl and traces go here."""
+    load: Optional[str] = None
+    """Checkpoint directory to resume from (its `latest`)."""
+    resume: Optional[str] = None
+    """`auto`: resume from the newest complete checkpoint in --save if there is one."""
+    save_interval: int = 0
+    """Checkpoint every N steps (0: only at the end, if --save is set)."""
+    keep_last: int = 2
+    """Checkpoints kept in --save (older ones are deleted after a new one is complete)."""
+    exit_interval: int = 0
+    """Stop (after checkpointing) once the step count is a multiple of N (0: never)."""
+
+
+@dataclass
+class DataConfig:
+    data_path: Optional[str] = None
+    """Megatron .bin/.idx prefix; default: the Shakespeare corpus prepared under --data-cache-dir."""
+    tokenizer_model: Optional[str] = None
+    """SentencePiece model for --data-path (default: the one prepared beside the data)."""
+    data_cache_dir: str = ".cache/megatron_gnmr"
+    """Where prepare-data caches corpora, the tokenizer and .bin/.idx files."""
+    vocab_size: int = 4096
+    """Tokenizer vocabulary for prepared data."""
+    split: str = "95,5,0"
+    """Train/valid/test split weights of the documents."""
+
+
+@dataclass
+class GNMRRunConfig(GNMRConfig):
+    """The controller: the decision rule's knobs plus how it is wired into training."""
+
+    enabled: bool = False
+    """Turn the GNMR controller on (flag: --gnmr)."""
+    units: str = r"layers\.\d+\.(self_attention\.linear_(qkv|proj)|mlp\.linear_fc[12])$"
+    """Regex over unit names selecting the eligible units (default: all decoder linears)."""
+    nonfinite: str = "skip"
+    """On a NaN/Inf gradient: `skip` the optimizer step, or `raise` (stop, keep checkpoint)."""
+    trace_interval: int = 1
+    """Write the per-unit trace (norms, scores, decision) every N steps (0: never)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.nonfinite not in ("skip", "raise"):
+            raise ValueError(f"gnmr.nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
+        if self.trace_interval < 0:
+            raise ValueError(f"gnmr.trace_interval must be >= 0, got {self.trace_interval}")
+
+    def policy_config(self) -> GNMRConfig:
+        names = [f.name for f in dataclasses.fields(GNMRConfig)]
+        return GNMRConfig(**{name: getattr(self, name) for name in names})
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    gnmr: GNMRRunConfig = field(default_factory=GNMRRunConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {name: kind for name, kind in typing.get_type_hints(RunConfig).items()}
+
+
+def validate(config: RunConfig, world_size: int) -> None:
+    """Cross-field checks that need the whole config and the launch size. Raises UserError."""
+    m, p, t = config.model, config.parallel, config.training
+    positive = {
+        "--num-layers": m.num_layers,
+        "--hidden-size": m.hidden_size,
+        "--ffn-hidden-size": m.ffn_hidden_size,
+        "--num-attention-heads": m.num_attention_heads,
+        "--seq-length": m.seq_length,
+        "--tensor-model-parallel-size": p.tensor_model_parallel_size,
+        "--pipeline-model-parallel-size": p.pipeline_model_parallel_size,
+        "--micro-batch-size": t.micro_batch_size,
+        "--global-batch-size": t.global_batch_size,
+        "--train-iters": t.train_iters,
+        "--log-interval": t.log_interval,
+        "--eval-interval": t.eval_interval,
+        "--keep-last": t.keep_last,
+        "--vocab-size": config.data.vocab_size,
+    }
+    for flag, value in positive.items():
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
+    for flag, value in {"--lr": t.lr, "--min-lr": t.min_lr, "--clip-grad": t.clip_grad}.items():
+        if value < 0:
+            raise UserError(f"{flag} must be >= 0, got {value}")
+    if m.hidden_size % m.num_attention_heads:
+        raise UserError(
+            f"--hidden-size {m.hidden_size} must be divisible by --num-attention-heads "
+            f"{m.num_attention_heads}"
+        )
+    groups = m.num_query_groups or m.num_attention_heads
+    if m.num_attention_heads % groups:
+        raise UserError(
+            f"--num-attention-heads {m.num_attention_heads} must be divisible by "
+            f"--num-query-groups {groups}"
+        )
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    if m.num_attention_heads % tp or groups % tp:
+        raise UserError(
+            f"--tensor-model-parallel-size {tp} must divide --num-attention-heads "
+            f"{m.num_attention_heads} and --num-query-groups {groups}; pick a TP size that does"
+        )
+    if m.ffn_hidden_size % tp:
+        raise UserError(f"--tensor-model-parallel-size {tp} must divide --ffn-hidden-size")
+    if m.num_layers % pp:
+        raise UserError(
+            f"--pipeline-model-parallel-size {pp} must divide --num-layers {m.num_layers}"
+        )
+    if world_size % (tp * pp):
+        raise UserError(
+            f"the launch has {world_size} processes, not a multiple of TP x PP = {tp * pp}; "
+            "change --nproc_per_node or the parallel sizes"
+        )
+    dp = world_size // (tp * pp)
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise UserError(
+            f"--global-batch-size {t.global_batch_size} must be a multiple of "
+            f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}"
+        )
+    if t.save is None and t.save_interval:
+        raise UserError("--save-interval needs --save DIR")
+    if t.resume not in (None, "auto"):
+        raise UserError(f"--resume must be 'auto', got {t.resume!r}")
+    if t.resume == "auto" and t.save is None:
+        raise UserError("--resume auto needs --save DIR (it resumes from that directory)")
+    if not 0 <= t.lr_warmup_iters < t.train_iters:
+        raise UserError(f"--lr-warmup-iters {t.lr_warmup_iters} must be >= 0 and below "
+                        f"--train-iters {t.train_iters}")
+    if t.min_lr > t.lr:
+        raise UserError(f"--min-lr {t.min_lr} must not exceed --lr {t.lr}")

@@ -1,0 +1,71 @@
+"""Per-unit gradient norms with ONE all-reduce per step (SPEC 3).
+
+After megatron's DDP has reduced gradients into `param.main_grad`, every local gradient's
+norm is taken in one fused pass (`torch._foreach_norm`), squared, and summed into a
+`[num_units + 1]` float32 vector by unit (the last slot collects every parameter that is not
+an eligible unit: embeddings, norms, output head). TP-duplicated parameters (e.g. norm
+weights) are counted on TP rank 0 only, as megatron's `get_grad_norm_fp32` does. One SUM
+all-reduce over megatron's grad-stats group (the model-parallel group) completes the
+vector: every rank then holds every unit's full, unsharded norm and the global norm for
+clipping, which is never computed a second time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+from megatron_gnmr.controller.units import UnitRegistry
+
+
+@dataclass
+class StepGradStats:
+    unit_norms: np.ndarray  # float64 [num_units], on the true gradient scale
+    total_norm: float  # global L2 norm of all gradients (units and the rest)
+
+
+class GradStats:
+    def __init__(self, registry: UnitRegistry, model_chunks: list[torch.nn.Module],
+                 group: torch.distributed.ProcessGroup | None = None):
+        self.num_units = registry.num_units
+        self.group = group if group is not None else parallel_state.get_model_parallel_group()
+        unit_of = {id(p): u for u in range(self.num_units) for p in registry.local_parameters(u)}
+        self.all_params = [p for chunk in model_chunks for p in chunk.parameters()
+                           if p.requires_grad]
+        self.params = [p for p in self.all_params if param_is_not_tensor_parallel_duplicate(p)]
+        slots = [unit_of.get(id(p), self.num_units) for p in self.params]
+        self.slots = torch.tensor(slots, dtype=torch.long)
+
+    @torch.no_grad()
+    def compute(self, loss_scale: float = 1.0) -> StepGradStats:
+        grads = [_grad(p) for p in self.params]
+        squared = torch.zeros(self.num_units + 1, dtype=torch.float32)
+        if grads:
+            norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g
+                                         for g in grads])
+            squared.index_add_(0, self.slots.to(squared.device), torch.stack(norms).square())
+        torch.distributed.all_reduce(squared, group=self.group)
+        squared = squared.double() / (loss_scale**2)
+        return StepGradStats(unit_norms=squared[:-1].sqrt().numpy(),
+                             total_norm=float(squared.sum().sqrt()))
+
+    @torch.no_grad()
+    def clip_(self, total_norm: float, max_norm: float) -> float:
+        """Scale gradients so their global norm is at most max_norm; returns the factor."""
+        if max_norm <= 0 or not np.isfinite(total_norm):
+            return 1.0
+        coefficient = max_norm / (total_norm + 1.0e-6)
+        if coefficient >= 1.0:
+            return 1.0
+        # TP duplicates were counted once in the norm but every copy is clipped.
+        torch._foreach_mul_([_grad(p) for p in self.all_params], coefficient)
+        return coefficient
+
+
+def _grad(param: torch.nn.Parameter) -> torch.Tensor:
+    # megatron-core DDP accumulates into `main_grad`; plain modules into `grad`.
+    return param.main_grad if hasattr(param, "main_grad") else param.grad

@@ -1,0 +1,103 @@
+"""The per-step controller trace: `gnmr_trace.jsonl` in the run directory.
+
+Line 1 is a header (unit names, the policy config); then one record per traced step with
+every unit's norm (exact float repr, `null` for NaN, "inf"/"-inf") and the decided recovery
+set. With `trace_interval` 1 the trace holds everything the policy saw, so `megatron-gnmr
+replay` re-runs the policy and must reproduce the recorded decisions exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from megatron_gnmr.controller.config import GNMRConfig
+from megatron_gnmr.controller.policy import Decision
+from megatron_gnmr.errors import UserError
+
+
+def _encode(value: float):
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _decode(value) -> float:
+    if value is None:
+        return math.nan
+    return float(value)
+
+
+class TraceWriter:
+    def __init__(self, path: Path, unit_names: list[str], config: GNMRConfig, resume_step: int):
+        self.path = path
+        if resume_step > 0 and path.exists():
+            _truncate_after(path, resume_step)  # steps past the checkpoint are replayed anew
+        new = not path.exists() or path.stat().st_size == 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("a", buffering=1)
+        if new:
+            header = {"type": "header", "units": unit_names,
+                      "config": dataclasses.asdict(config)}
+            self.file.write(json.dumps(header) + "\n")
+
+    def write(self, decision: Decision) -> None:
+        record = {"step": decision.step, "norms": [_encode(v) for v in decision.norms.tolist()],
+                  "recovery": list(decision.recovery)}
+        self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(kept))
+
+
+@dataclasses.dataclass
+class Trace:
+    units: list[str]
+    config: dict
+    steps: list[int]
+    norms: np.ndarray  # [steps, units]
+    recovery: list[tuple[int, ...]]
+
+
+def read_trace(path: str) -> Trace:
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"trace {path}: no such file (it is gnmr_trace.jsonl in a run directory)")
+    header, steps, norms, recovery = None, [], [], []
+    for number, line in enumerate(file.read_text().splitlines(), start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == 1:
+                raise UserError(f"trace {path}: line 1 is not JSON") from None
+            break  # a crashed run's last line may be cut: keep what is complete
+        if record.get("type") == "header":
+            header = record
+            continue
+        steps.append(record["step"])
+        norms.append([_decode(v) for v in record["norms"]])
+        recovery.append(tuple(record["recovery"]))
+    if header is None:
+        raise UserError(f"trace {path}: no header line (not a gnmr_trace.jsonl?)")
+    return Trace(header["units"], header["config"], steps,
+                 np.asarray(norms, dtype=np.float64).reshape(len(steps), len(header["units"])),
+                 recovery)
+
+
+def iter_gaps(steps: list[int]) -> Iterator[int]:
+    for previous, current in zip(steps, steps[1:]):
+        if current != previous + 1:
+            yield current

@@ -1,0 +1,1 @@
+"""Data: corpora from registry packages, the tokenizer, .bin/.idx files, GPTDataset."""

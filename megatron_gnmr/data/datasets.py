@@ -1,0 +1,113 @@
+"""Train/valid GPTDatasets through megatron-core's BlendedMegatronDatasetBuilder, and the
+deterministic batch order that makes resume exact.
+
+The data position is one integer, `consumed_samples`: step `s` of a run reads global
+samples `[s * global_batch, (s + 1) * global_batch)`; a data-parallel rank reads its
+contiguous share of each micro-batch. Every pipeline stage reads the same samples (only the
+first stage uses the tokens, only the last the labels), which keeps the stages in lockstep
+without broadcasting batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import (
+    BlendedMegatronDatasetBuilder,
+)
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+from megatron_gnmr.config import RunConfig
+from megatron_gnmr.data.indexed import check_indexed_dataset
+from megatron_gnmr.data.prepare import prepare_data
+from megatron_gnmr.data.tokenizer import Tokenizer
+from megatron_gnmr.errors import UserError
+
+
+@dataclass
+class DataSource:
+    prefix: str
+    tokenizer: Tokenizer
+    unigram_entropy: float | None  # nats, when known from prepare-data
+
+
+def resolve_data(config: RunConfig) -> DataSource:
+    """The data prefix and tokenizer for this run, preparing Shakespeare if none is given.
+
+    Only global rank 0 prepares; the others wait at a barrier and then read the cache.
+    """
+    data = config.data
+    if data.data_path is None:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        if rank == 0:
+            prepare_data(data.data_cache_dir, data.vocab_size, quiet=False)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        prepared = prepare_data(data.data_cache_dir, data.vocab_size, quiet=True)
+        return DataSource(prepared.prefix, Tokenizer(prepared.tokenizer_model),
+                          prepared.meta["unigram_entropy_nats"])
+    check_indexed_dataset(data.data_path)
+    model_path = data.tokenizer_model or str(Path(data.data_path).parent / "tokenizer.model")
+    if not Path(model_path).is_file():
+        raise UserError(f"--tokenizer-model {model_path}: no such file (needed with --data-path)")
+    return DataSource(data.data_path, Tokenizer(model_path), None)
+
+
+def build_datasets(config: RunConfig, source: DataSource, eval_batches: int):
+    """(train, valid) GPTDatasets sized for the whole run."""
+    t = config.training
+    train_samples = t.train_iters * t.global_batch_size
+    valid_samples = max(eval_batches, 1) * t.global_batch_size
+    dataset_config = GPTDatasetConfig(
+        random_seed=t.seed,
+        sequence_length=config.model.seq_length,
+        blend=([source.prefix], None),
+        split=config.data.split,
+        tokenizer=source.tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        path_to_cache=None,
+        mmap_bin_files=True,
+    )
+    try:
+        train, valid, _ = BlendedMegatronDatasetBuilder(
+            GPTDataset, [train_samples, valid_samples, 0], lambda: True, dataset_config
+        ).build()
+    except (AssertionError, ValueError, IndexError) as error:
+        raise UserError(f"--data-path {source.prefix}: cannot build train/valid datasets "
+                        f"with --split {config.data.split} ({error})") from None
+    if train is None or valid is None:
+        raise UserError(f"--split {config.data.split}: needs non-zero train and valid weights")
+    return train, valid
+
+
+class BatchReader:
+    """Micro-batches for one optimizer step, read by global sample index."""
+
+    def __init__(self, dataset, micro_batch_size: int, global_batch_size: int):
+        self.dataset = dataset
+        self.micro_batch_size = micro_batch_size
+        self.global_batch_size = global_batch_size
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp_size)
+
+    def step_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        """This rank's micro-batches of optimizer step `step` (0-based)."""
+        start = step * self.global_batch_size
+        batches = []
+        for micro in range(self.num_microbatches):
+            first = start + (micro * self.dp_size + self.dp_rank) * self.micro_batch_size
+            samples = [self.dataset[(first + i) % len(self.dataset)]
+                       for i in range(self.micro_batch_size)]
+            batches.append({key: torch.stack([torch.as_tensor(s[key]) for s in samples])
+                            for key in ("tokens", "labels", "loss_mask", "position_ids")})
+        return batches

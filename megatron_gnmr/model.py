@@ -1,0 +1,102 @@
+"""The LLaMA architecture as a megatron-core GPTModel: RMSNorm, SwiGLU, RoPE, no bias,
+grouped-query attention, untied embeddings.
+
+`build_model` returns this pipeline stage's model chunk wrapped the way megatron's own
+training does it (Float16Module for bf16, then megatron's DDP), so gradients land in
+`param.main_grad` and are data-parallel reduced by `finalize_model_grads`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
+
+from megatron_gnmr.config import RunConfig
+
+
+def transformer_config(config: RunConfig) -> TransformerConfig:
+    m, p, t = config.model, config.parallel, config.training
+    dtype = torch.bfloat16 if t.bf16 else torch.float32
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups or m.num_attention_heads,
+        kv_channels=m.hidden_size // m.num_attention_heads,
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=t.bf16,
+        normalization="RMSNorm",
+        layernorm_epsilon=m.norm_epsilon,
+        gated_linear_unit=True,  # SwiGLU = SiLU-gated linear unit
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=m.init_method_std,
+        # Full weights are drawn on CPU and then split, so TP=1 and TP=2 start identical.
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        sequence_parallel=False,
+    )
+
+
+def layer_spec(config: RunConfig):
+    return get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: int) -> GPTModel:
+    return GPTModel(
+        config=tconfig,
+        transformer_layer_spec=layer_spec(config),
+        vocab_size=vocab_size,
+        max_sequence_length=config.model.seq_length,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
+        rotary_base=config.model.rotary_base,
+    )
+
+
+def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
+    """This rank's model chunks (one: no virtual pipeline), ready for megatron's schedules."""
+    tconfig = transformer_config(config)
+    model: torch.nn.Module = build_gpt_model(config, tconfig, vocab_size)
+    if tconfig.bf16:
+        model = Float16Module(tconfig, model)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=False,
+        check_for_nan_in_grad=False,
+    )
+    model = DistributedDataParallel(tconfig, ddp_config, model)
+    return [model]
+
+
+def unwrap(chunk: torch.nn.Module) -> GPTModel:
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
+def count_parameters(model_chunks: list[torch.nn.Module]) -> int:
+    """Parameters on this rank (a TP/PP shard)."""
+    return sum(p.numel() for chunk in model_chunks for p in chunk.parameters())

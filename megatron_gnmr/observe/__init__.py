@@ -1,0 +1,1 @@
+"""Observability: console, JSONL (and W&B/TensorBoard) behind one logger interface."""

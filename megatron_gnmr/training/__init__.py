@@ -1,0 +1,1 @@
+"""Training: process groups, the loop, optimizer and checkpoints."""

@@ -1,0 +1,72 @@
+"""Process groups and seeds: torch.distributed (gloo on CPU, nccl on GPU) + megatron's
+model-parallel groups, and every random generator seeded from one `--seed`."""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+
+import numpy as np
+import torch
+from megatron.core import parallel_state, tensor_parallel
+
+from megatron_gnmr.config import RunConfig
+from megatron_gnmr.platform import apply_cpu_patches
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def initialize(config: RunConfig) -> None:
+    """Start torch.distributed (also for a single process) and megatron's parallel state."""
+    apply_cpu_patches()
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=config.parallel.tensor_model_parallel_size,
+            pipeline_model_parallel_size=config.parallel.pipeline_model_parallel_size,
+        )
+    set_seeds(config.training.seed)
+
+
+def set_seeds(seed: int) -> None:
+    # The same default seed on every rank: with CPU initialisation megatron draws full
+    # weights from it and splits them, so every TP layout starts from the same model.
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def shutdown() -> None:
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def is_logging_rank() -> bool:
+    """Global rank 0 logs (it is on the first stage; the loss is all-reduced to it)."""
+    return rank() == 0
