@@ -1,0 +1,35 @@
+"""`megatron-gnmr`: the project's subcommands (prepare-data, replay)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from megatron_gnmr.errors import UserError, exits_cleanly_on_user_error
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UserError(f"{message} (see --help)")
+
+
+@exits_cleanly_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    from megatron_gnmr.controller import replay
+    from megatron_gnmr.data import prepare
+
+    parser = _Parser(prog="megatron-gnmr", allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, module, text in (
+        ("prepare-data", prepare, "fetch text, train the tokenizer, write .bin/.idx"),
+        ("replay", replay, "re-run the GNMR policy on a recorded trace, for a sweep"),
+    ):
+        sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

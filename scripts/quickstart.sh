@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One command: install, prepare data, train the tiny LLaMA with 2 processes (TP=2) under
+# the GNMR controller, and say where the results are.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN_DIR=${RUN_DIR:-runs/quickstart}
+
+bash scripts/setup_env.sh
+.venv/bin/megatron-gnmr prepare-data
+rm -rf "$RUN_DIR"
+.venv/bin/torchrun --nproc_per_node=2 --master_port=${MASTER_PORT:-29517} pretrain_llama.py \
+  --config configs/tiny_cpu.yaml --tensor-model-parallel-size 2 --gnmr --save "$RUN_DIR" "$@"
+.venv/bin/python - "$RUN_DIR" <<'PY'
+import json, sys
+summary = json.load(open(f"{sys.argv[1]}/summary.json"))
+first, last, h = summary["initial_valid_loss"], summary["final_valid_loss"], summary["unigram_entropy"]
+print()
+print(f"validation loss: step 0 {first:.3f} -> step {summary['steps']} {last:.3f} "
+      f"(unigram entropy of the data: {h:.3f} nats)")
+print(f"GNMR: recovery sparsity {summary['gnmr/recovery_sparsity']:.2%}, "
+      f"exceedance rate {summary['gnmr/exceedance_rate']:.2%}")
+print(f"results in {sys.argv[1]}/: metrics.jsonl, gnmr_trace.jsonl, summary.json, checkpoints/")
+ok = last < first and last < h
+print("OK: the model learned (below step 0 and below the unigram entropy)" if ok else "NOT OK")
+sys.exit(0 if ok else 1)
+PY

@@ -1,0 +1,44 @@
+"""megatron-gnmr: low-precision LLaMA pretraining on megatron-core with the GNMR controller.
+
+Install with `bash scripts/setup_env.sh` (CPU: installs the CPU torch wheel first so that no
+requirement here can pull a multi-GB CUDA torch). On GPU clusters use an NGC PyTorch
+container, which already has torch, Transformer Engine and apex: `pip install -e .[te]`.
+"""
+
+import sys
+
+from setuptools import find_packages, setup
+
+# megatron-core >= 0.17 declares Python >= 3.12; 0.16.1 is the newest for 3.11. The code
+# supports both lines (0.16.1 on CPU/CI, 0.19.x on 3.12 clusters).
+MEGATRON = "megatron-core==0.16.1" if sys.version_info < (3, 12) else "megatron-core>=0.16.1"
+
+setup(
+    name="megatron-gnmr",
+    version="0.1.0",
+    description="LLaMA pretraining on megatron-core with a per-operator precision controller",
+    packages=find_packages(include=["megatron_gnmr", "megatron_gnmr.*"]),
+    py_modules=["pretrain_llama"],
+    python_requires=">=3.10",
+    install_requires=[
+        # The model, schedules, DDP, optimizer, datasets: everything a Megatron run needs.
+        MEGATRON,
+        # Any torch megatron-core supports; install it first (see setup_env.sh) so this
+        # range never pulls a CUDA build on a CPU machine.
+        "torch>=2.4",
+        "numpy",
+        # YAML run configs.
+        "pyyaml",
+        # The BPE tokenizer trained on the prepared corpus (exact round trips).
+        "sentencepiece",
+        # Progress bars for data preparation and replay.
+        "tqdm",
+    ],
+    extras_require={
+        # Tests: pytest, and hypothesis for the policy's property tests.
+        "dev": ["pytest>=7", "hypothesis>=6"],
+        # Transformer Engine FP8 on GPU (use the NGC container's TE where possible).
+        "te": ["transformer-engine[pytorch]"],
+    },
+    entry_points={"console_scripts": ["megatron-gnmr=megatron_gnmr.cli:main"]},
+)
