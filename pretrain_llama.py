@@ -23,11 +23,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     quiet_known_warnings()
     from megatron_gnmr.arguments import parse_config
-    from megatron_gnmr.config import validate
-    from megatron_gnmr.training.distributed import world_size_from_env
+    from megatron_gnmr.config import launch_world_size, validate
 
     config = parse_config(argv)
-    validate(config, world_size_from_env())
+    validate(config, launch_world_size())
 
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.loop import Trainer

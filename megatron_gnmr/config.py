@@ -9,6 +9,7 @@ the `gnmr` section's flags carry the `--gnmr-` prefix.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Optional
@@ -119,13 +120,16 @@ class GNMRRunConfig(GNMRConfig):
     """On a NaN/Inf gradient: `skip` the optimizer step, or `raise` (stop, keep checkpoint)."""
     trace_interval: int = 1
     """Write the per-unit trace (norms, scores, decision) every N steps (0: never)."""
+    agreement_interval: int = 100
+    """Every N steps all ranks check they hold the same controller state (0: never)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.nonfinite not in ("skip", "raise"):
             raise ValueError(f"gnmr.nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
-        if self.trace_interval < 0:
-            raise ValueError(f"gnmr.trace_interval must be >= 0, got {self.trace_interval}")
+        for name in ("trace_interval", "agreement_interval"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"gnmr.{name} must be >= 0, got {getattr(self, name)}")
 
     def policy_config(self) -> GNMRConfig:
         names = [f.name for f in dataclasses.fields(GNMRConfig)]
@@ -142,6 +146,11 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def launch_world_size() -> int:
+    """Processes in this launch (torchrun sets WORLD_SIZE; a plain `python` run is 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 SECTIONS = {name: kind for name, kind in typing.get_type_hints(RunConfig).items()}

@@ -7,6 +7,7 @@ pure policy, the `PrecisionPlan` the precision backends read, and the trace.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,10 @@ from megatron_gnmr.controller.policy import Decision, GNMRPolicy
 from megatron_gnmr.controller.trace import TraceWriter
 from megatron_gnmr.controller.units import UnitRegistry
 from megatron_gnmr.precision.plan import PrecisionPlan
+
+
+class ControllerDisagreement(RuntimeError):
+    pass
 
 
 class Controller:
@@ -42,6 +47,33 @@ class Controller:
         if self.trace is not None and interval and step % interval == 0:
             self.trace.write(decision)
         return decision
+
+    def verify_agreement(self, step: int) -> None:
+        """All ranks must hold the same controller state: a digest all-reduced as MIN and
+        MAX (one collective, every `agreement_interval` steps). On a mismatch the digests
+        are gathered so the error can name the ranks."""
+        digest = self._digest()
+        both = torch.tensor([digest, -digest], dtype=torch.int64)
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+        if int(both[0]) == -int(both[1]):
+            return
+        digests = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(digests, digest)
+        groups: dict[int, list[int]] = {}
+        for rank, value in enumerate(digests):
+            groups.setdefault(value, []).append(rank)
+        raise ControllerDisagreement(
+            f"step {step}: ranks disagree on the controller state: "
+            + " vs ".join(f"ranks {ranks}" for ranks in groups.values())
+        )
+
+    def _digest(self) -> int:
+        state = self.policy.state_dict()
+        sha = hashlib.sha256()
+        for key in sorted(state):
+            sha.update(key.encode())
+            sha.update(np.ascontiguousarray(state[key]).tobytes())
+        return int.from_bytes(sha.digest()[:8], "little") >> 2  # fits int64 with room to negate
 
     def metrics(self, decision: Decision) -> dict:
         summary = self.policy.summary()

@@ -15,10 +15,6 @@ from megatron_gnmr.config import RunConfig
 from megatron_gnmr.platform import apply_cpu_patches
 
 
-def world_size_from_env() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def initialize(config: RunConfig) -> None:
     """Start torch.distributed (also for a single process) and megatron's parallel state."""
     apply_cpu_patches()

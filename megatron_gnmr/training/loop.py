@@ -143,6 +143,9 @@ class Trainer:
         loss_scale = float(self.optimizer.get_loss_scale())
         stats = controller.grad_stats.compute(loss_scale)
         decision = controller.observe(stats, step)
+        interval = self.config.gnmr.agreement_interval
+        if interval and step % interval == 0:
+            controller.verify_agreement(step)
         metrics = {"train/grad_norm": stats.total_norm, **controller.metrics(decision)}
         if decision.nonfinite or not math.isfinite(stats.total_norm):
             names = [controller.registry.names[u] for u in decision.nonfinite]
