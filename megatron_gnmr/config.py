@@ -215,6 +215,10 @@ def validate(config: RunConfig, world_size: int) -> None:
             f"--global-batch-size {t.global_batch_size} must be a multiple of "
             f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}"
         )
+    if config.gnmr.enabled:
+        from megatron_gnmr.controller.units import eligible_unit_names
+
+        eligible_unit_names(m.num_layers, config.gnmr.units)  # raises if it selects nothing
     if t.save is None and t.save_interval:
         raise UserError("--save-interval needs --save DIR")
     if t.resume not in (None, "auto"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Iterable
 
@@ -33,19 +34,44 @@ def write_indexed_dataset(token_documents: Iterable[list[int]], prefix: Path) ->
     return total
 
 
-def check_indexed_dataset(prefix: str, flag: str = "--data-path") -> None:
-    """Raise a UserError naming the file if the prefix is missing or unreadable."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
+_INDEX_MAGIC = b"MMIDIDX\x00\x00"
+_HEADER_BYTES = 34  # magic 9 + version 8 + dtype code 1 + sequence count 8 + document count 8
+_DTYPE_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 4, 7: 8, 8: 2}  # megatron's DType codes
 
+
+def check_indexed_dataset(prefix: str, flag: str = "--data-path") -> None:
+    """Raise a UserError naming the file if the prefix is missing, truncated or corrupt.
+
+    Checked by reading the .idx layout (megatron's `_IndexReader` format) rather than by
+    opening an IndexedDataset: a failed IndexedDataset constructor prints a traceback from
+    its `__del__` at exit, which is exactly what a user mistake must not show.
+    """
     for suffix in (".bin", ".idx"):
         if not Path(prefix + suffix).is_file():
             raise UserError(f"{flag} {prefix}: {prefix}{suffix} does not exist "
                             "(give the prefix without .bin/.idx, or run prepare-data)")
-    try:
-        dataset = IndexedDataset(prefix, mmap=True)
-        if len(dataset) == 0:
-            raise ValueError("no documents")
-        dataset[len(dataset) - 1]
-    except Exception as error:  # megatron raises AssertionError/ValueError on corrupt files
-        raise UserError(f"{flag} {prefix}: unreadable .bin/.idx ({type(error).__name__}: "
-                        f"{error}); regenerate it with prepare-data") from None
+    problem = _index_problem(Path(prefix + ".idx"), Path(prefix + ".bin"))
+    if problem:
+        raise UserError(f"{flag} {prefix}: {problem}; regenerate it with prepare-data")
+
+
+def _index_problem(idx: Path, bin_path: Path) -> str | None:
+    raw = idx.read_bytes()
+    if len(raw) < _HEADER_BYTES or raw[:9] != _INDEX_MAGIC:
+        return f"{idx.name} is not a Megatron index (bad header)"
+    version = struct.unpack_from("<Q", raw, 9)[0]
+    code = raw[17]
+    sequences, documents = struct.unpack_from("<QQ", raw, 18)
+    if version != 1 or code not in _DTYPE_BYTES:
+        return f"{idx.name} has an unknown version {version} or dtype code {code}"
+    expected = _HEADER_BYTES + sequences * (4 + 8) + documents * 8
+    if len(raw) < expected:
+        return f"{idx.name} is truncated ({len(raw)} bytes, expected {expected})"
+    if sequences == 0:
+        return f"{idx.name} holds no sequences"
+    lengths = np.frombuffer(raw, dtype=np.int32, count=sequences, offset=_HEADER_BYTES)
+    tokens_bytes = int(lengths.astype(np.int64).sum()) * _DTYPE_BYTES[code]
+    if bin_path.stat().st_size != tokens_bytes:
+        return (f"{bin_path.name} has {bin_path.stat().st_size} bytes but the index describes "
+                f"{tokens_bytes}")
+    return None

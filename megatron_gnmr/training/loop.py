@@ -25,6 +25,7 @@ from megatron.core.distributed import finalize_model_grads
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.controller.runtime import Controller
 from megatron_gnmr.controller.units import build_registry
+from megatron_gnmr.errors import UserError
 from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
 from megatron_gnmr.model import build_model, count_parameters, unwrap
 from megatron_gnmr.observe.loggers import ConsoleLogger, JsonlLogger, MultiLogger, NullLogger
@@ -204,10 +205,10 @@ class Trainer:
                                                        ("model", "vocab_size", "layout")})
         if self.controller is not None and meta.get("gnmr_units") not in (None,
                                                                           expected["gnmr_units"]):
-            raise checkpoint.UserError(
-                f"--load {directory}: the checkpoint's controller has units "
-                f"{len(meta['gnmr_units'])} units ({meta['gnmr_units'][:2]}...), this run "
-                f"selects {len(expected['gnmr_units'])}; use the same --gnmr-units")
+            raise UserError(
+                f"--load {directory}: the checkpoint's controller has "
+                f"{len(meta['gnmr_units'])} units, this run selects "
+                f"{len(expected['gnmr_units'])}; use the checkpoint's --gnmr-units")
         shard = checkpoint.load_shard(directory)
         for chunk, state in zip(self.model, shard["model"]):
             chunk.load_state_dict(state)
