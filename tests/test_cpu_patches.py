@@ -1,0 +1,94 @@
+"""The CPU patches: each call site fails without its patch and works with it.
+
+If a megatron-core upgrade removes a CUDA-only call site, the "still needed" half fails
+and tells us to delete that patch; if a call site changes shape, the "works" half fails.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from megatron_gnmr.platform import apply_cpu_patches, capabilities
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only patches")
+
+UNPATCHED_PROBE = textwrap.dedent("""
+    import json, os, torch
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29561", RANK="0", WORLD_SIZE="1")
+    results = {}
+    def probe(name, fn):
+        try:
+            fn(); results[name] = "works"
+        except Exception as error:
+            results[name] = type(error).__name__
+    probe("cuda_literal", lambda: torch.zeros(2, device="cuda"))
+    probe("current_device", torch.cuda.current_device)
+    probe("cuda_rng_state", torch.cuda.get_rng_state)
+    probe("tensor_type", lambda: torch.zeros(1).type() == "torch.cuda.FloatTensor" or 1 / 0)
+    def seed():
+        from megatron.core import parallel_state, tensor_parallel
+        torch.distributed.init_process_group("gloo")
+        parallel_state.initialize_model_parallel()
+        tensor_parallel.model_parallel_cuda_manual_seed(1)
+    probe("megatron_seed", seed)
+    print(json.dumps(results))
+""")
+
+
+def test_each_patched_call_site_fails_without_the_patch():
+    out = subprocess.run([sys.executable, "-c", UNPATCHED_PROBE], capture_output=True,
+                         text=True, timeout=120)
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(status != "works" for status in results.values()), results
+
+
+@pytest.fixture(scope="module")
+def patched():
+    assert apply_cpu_patches() is True
+    assert apply_cpu_patches() is True  # idempotent
+
+
+def test_device_literals_and_type_names_are_rewritten(patched):
+    assert torch.zeros(2, device="cuda").device.type == "cpu"
+    assert torch.ones(1).to("cuda").device.type == "cpu"
+    assert torch.ones(1).cuda().device.type == "cpu"
+    assert torch.cuda.current_device() == "cpu"
+    assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
+    assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+
+
+def test_rng_tracker_forks_cpu_states(patched):
+    from megatron.core import tensor_parallel
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom.initialize_rng_tracker(force_reset=True)
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    tracker.add("a", 11)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with tracker.fork("a"):
+        inside = torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), before)  # default stream untouched
+    torch.manual_seed(11)
+    assert torch.equal(inside, torch.rand(3))  # the fork draws from seed 11
+    with tracker.fork("a"):
+        assert not torch.equal(torch.rand(3), inside)  # and its state advances
+
+
+def test_moe_names_exist(patched):
+    from megatron.core.transformer.moe import moe_utils
+
+    assert hasattr(moe_utils, "te_general_gemm")
+
+
+def test_capabilities_explain_why_not():
+    te = capabilities.transformer_engine()
+    assert not te and "CUDA" in te.reason
+    assert not capabilities.cuda() and capabilities.cuda().reason
