@@ -15,6 +15,9 @@ class _Parser(argparse.ArgumentParser):
 
 @exits_cleanly_on_user_error
 def main(argv: list[str] | None = None) -> None:
+    from megatron_gnmr.platform import quiet_known_warnings
+
+    quiet_known_warnings()
     from megatron_gnmr.controller import replay
     from megatron_gnmr.data import prepare
 

@@ -1,0 +1,28 @@
+"""Every shipped preset parses and validates for a launch that fits its layout, and flags
+override YAML."""
+
+from pathlib import Path
+
+import pytest
+
+from megatron_gnmr.arguments import parse_config
+from megatron_gnmr.config import validate
+from tests.helpers import REPO
+
+PRESETS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=[p.stem for p in PRESETS])
+def test_preset_is_valid(path: Path, tmp_path):
+    config = parse_config(["--config", str(path), "--save", str(tmp_path)])
+    p = config.parallel
+    validate(config, world_size=p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+
+
+def test_flags_override_yaml():
+    config = parse_config(["--config", str(REPO / "configs" / "tiny_cpu.yaml"),
+                           "--num-layers", "4", "--gnmr-alpha", "3", "--gnmr"])
+    assert config.model.num_layers == 4  # flag
+    assert config.model.hidden_size == 128  # YAML
+    assert config.gnmr.alpha == 3.0 and config.gnmr.enabled
+    assert config.gnmr.max_o == 2  # YAML, kept an int (a count, not a fraction)
