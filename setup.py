@@ -35,8 +35,9 @@ setup(
         "tqdm",
     ],
     extras_require={
-        # Tests: pytest, and hypothesis for the policy's property tests.
-        "dev": ["pytest>=7", "hypothesis>=6"],
+        # Tests: pytest, hypothesis for the policy's property tests,
+        # and ml_dtypes, the bit-exact reference for the emulated number formats.
+        "dev": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5"],
         # Transformer Engine FP8 on GPU (use the NGC container's TE where possible).
         "te": ["transformer-engine[pytorch]"],
     },
