@@ -109,6 +109,26 @@ class DataConfig:
 
 
 @dataclass
+class PrecisionConfig:
+    precision_recipe: str = "none"
+    """none | fp8-emulated | deepseek | act-quant | te-fp8 (low-cost/recovery path pair)."""
+    precision_static: str = "low"
+    """Without --gnmr: every unit on the `low` cost path or on the `recovery` path."""
+    fp8_format: str = "hybrid"
+    """hybrid (E4M3 forward, E5M2 gradients) or e4m3 (everywhere)."""
+    fp8_recipe: str = "tensorwise"
+    """Scaling: tensorwise (current), blockwise (1x128 / 128x128), mxfp8; delayed is refused."""
+    deepseek_low_format: str = "e2m3"
+    """The 6-bit format of the deepseek recipe's low-cost path: e2m3 or e3m2."""
+    act_quant_bits: int = 4
+    """act-quant: bits of the saved activation on the low-cost path (2, 3, 4, 8)."""
+    act_quant_recovery_bits: int = 8
+    """act-quant: bits on the recovery path (8, or 16 for exact)."""
+    act_quant_granularity: str = "tensor"
+    """act-quant scale granularity: tensor, row, tile."""
+
+
+@dataclass
 class GNMRRunConfig(GNMRConfig):
     """The controller: the decision rule's knobs plus how it is wired into training."""
 
@@ -142,6 +162,7 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     gnmr: GNMRRunConfig = field(default_factory=GNMRRunConfig)
 
     def to_dict(self) -> dict:
@@ -215,6 +236,7 @@ def validate(config: RunConfig, world_size: int) -> None:
             f"--global-batch-size {t.global_batch_size} must be a multiple of "
             f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}"
         )
+    validate_precision(config)
     if config.gnmr.enabled:
         from megatron_gnmr.controller.units import eligible_unit_names
 
@@ -230,3 +252,21 @@ def validate(config: RunConfig, world_size: int) -> None:
                         f"--train-iters {t.train_iters}")
     if t.min_lr > t.lr:
         raise UserError(f"--min-lr {t.min_lr} must not exceed --lr {t.lr}")
+
+
+def validate_precision(config: RunConfig) -> None:
+    from megatron_gnmr.platform import capabilities
+    from megatron_gnmr.precision.recipes import build_recipe
+
+    precision = config.precision
+    if precision.precision_static not in ("low", "recovery"):
+        raise UserError(f"--precision-static must be low or recovery, got "
+                        f"{precision.precision_static!r}")
+    if precision.act_quant_granularity not in ("tensor", "row", "tile"):
+        raise UserError("--act-quant-granularity must be tensor, row or tile")
+    build_recipe(precision)  # raises a UserError naming the flag
+    if precision.precision_recipe == "te-fp8":
+        te = capabilities.transformer_engine()
+        if not te:
+            raise UserError(f"--precision-recipe te-fp8 needs Transformer Engine: {te.reason}; "
+                            "use --precision-recipe fp8-emulated to emulate FP8 here")

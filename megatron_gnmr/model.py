@@ -18,6 +18,8 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
 from megatron_gnmr.config import RunConfig
+from megatron_gnmr.precision.linear import emulated_layer_spec
+from megatron_gnmr.precision.recipes import build_recipe
 
 
 def transformer_config(config: RunConfig) -> TransformerConfig:
@@ -57,7 +59,10 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
 
 
 def layer_spec(config: RunConfig):
-    return get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if build_recipe(config.precision) is not None:
+        spec = emulated_layer_spec(spec)
+    return spec
 
 
 def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: int) -> GPTModel:
@@ -100,3 +105,18 @@ def unwrap(chunk: torch.nn.Module) -> GPTModel:
 def count_parameters(model_chunks: list[torch.nn.Module]) -> int:
     """Parameters on this rank (a TP/PP shard)."""
     return sum(p.numel() for chunk in model_chunks for p in chunk.parameters())
+
+
+def bind_precision(model_chunks: list[torch.nn.Module], config: RunConfig, plan) -> None:
+    """Tell every unit linear its name and the runtime that picks its path per step."""
+    from megatron_gnmr.controller.units import build_registry
+    from megatron_gnmr.precision.plan import PrecisionRuntime
+
+    recipe = build_recipe(config.precision)
+    if recipe is None:
+        return
+    runtime = PrecisionRuntime(recipe, plan)
+    every_unit = build_registry(model_chunks, config.model.num_layers, pattern=".")
+    for index, module in every_unit.modules.items():
+        module.unit_name = every_unit.names[index]
+        module.precision_runtime = runtime

@@ -27,12 +27,12 @@ class ControllerDisagreement(RuntimeError):
 
 class Controller:
     def __init__(self, config: GNMRRunConfig, registry: UnitRegistry,
-                 model_chunks: list[torch.nn.Module], group=None):
+                 model_chunks: list[torch.nn.Module], plan: PrecisionPlan, group=None):
         self.config = config
         self.registry = registry
         self.grad_stats = GradStats(registry, model_chunks, group)
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
-        self.plan = PrecisionPlan(registry.names)
+        self.plan = plan
         self.trace: TraceWriter | None = None
 
     def open_trace(self, run_dir: str, resume_step: int) -> None:
@@ -42,7 +42,7 @@ class Controller:
     def observe(self, stats: StepGradStats, step: int) -> Decision:
         """Decide the recovery set for step `step + 1` from step `step`'s statistics."""
         decision = self.policy.step(stats.unit_norms)
-        self.plan.advance(decision.recovery, step + 1)
+        self.plan.advance([self.registry.names[u] for u in decision.recovery], step + 1)
         interval = self.config.trace_interval
         if self.trace is not None and interval and step % interval == 0:
             self.trace.write(decision)

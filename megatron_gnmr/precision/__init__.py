@@ -1,5 +1,5 @@
-"""Precision paths: the per-step plan of which units run the recovery path."""
+"""Precision: number formats, scaling, paths and recipes, and the per-step plan."""
 
-from megatron_gnmr.precision.plan import PrecisionPlan
+from megatron_gnmr.precision.plan import PrecisionPlan, PrecisionRuntime
 
-__all__ = ["PrecisionPlan"]
+__all__ = ["PrecisionPlan", "PrecisionRuntime"]

@@ -64,8 +64,10 @@ E3M2 = FloatFormat("e3m2", 3, 2, 3, 28.0, has_inf=False, has_nan=False)
 E2M1 = FloatFormat("e2m1", 2, 1, 1, 6.0, has_inf=False, has_nan=False)
 INT8 = IntFormat("int8", 8)
 INT4 = IntFormat("int4", 4)
+INT3 = IntFormat("int3", 3)  # below the paper's 4 bits: for stress where 4 bits barely hurt
+INT2 = IntFormat("int2", 2)
 
-FORMATS = {f.name: f for f in (E4M3, E5M2, E2M3, E3M2, E2M1, INT8, INT4)}
+FORMATS = {f.name: f for f in (E4M3, E5M2, E2M3, E3M2, E2M1, INT8, INT4, INT3, INT2)}
 Format = FloatFormat | IntFormat
 
 

@@ -1,9 +1,10 @@
-"""PrecisionPlan: which units run the recovery path in the current step.
+"""PrecisionPlan and PrecisionRuntime: which path each unit runs in the current step.
 
-The controller decides at the end of step t; `advance` installs that decision as the plan
-for step t+1 and is only called between steps, so a plan never changes mid-step and a
-unit's backward always runs the path of its forward. Precision backends read
-`is_recovery(unit)` on each forward.
+The controller decides at the end of step t; `PrecisionPlan.advance` installs that decision
+as the plan for step t+1 and is only called between steps, so a plan never changes
+mid-step and a unit's backward always runs the path of its forward. Without the controller
+the plan is static: every unit low-cost (or, with `--precision-static recovery`, every unit
+on the recovery path): the fixed baselines experiments compare against.
 """
 
 from __future__ import annotations
@@ -13,23 +14,35 @@ from dataclasses import dataclass, field
 
 @dataclass
 class PrecisionPlan:
-    unit_names: list[str]
-    recovery: frozenset[int] = field(default_factory=frozenset)
+    recovery: frozenset[str] = field(default_factory=frozenset)
+    """Unit names on the recovery path in this step."""
+    all_recovery: bool = False
+    """Static baseline: every unit on the recovery path."""
     step: int = 0  # the training step this plan applies to (1-based)
 
-    def advance(self, recovery: tuple[int, ...], step: int) -> None:
-        self.recovery = frozenset(recovery)
+    def advance(self, recovery_names, step: int) -> None:
+        self.recovery = frozenset(recovery_names)
         self.step = step
 
-    def is_recovery(self, unit: int) -> bool:
-        return unit in self.recovery
-
-    def recovery_names(self) -> list[str]:
-        return [self.unit_names[u] for u in sorted(self.recovery)]
+    def is_recovery(self, unit_name: str) -> bool:
+        return self.all_recovery or unit_name in self.recovery
 
     def state_dict(self) -> dict:
-        return {"recovery": sorted(self.recovery), "step": self.step}
+        return {"recovery": sorted(self.recovery), "step": self.step,
+                "all_recovery": self.all_recovery}
 
     def load_state_dict(self, state: dict) -> None:
         self.recovery = frozenset(state["recovery"])
         self.step = state["step"]
+        self.all_recovery = state.get("all_recovery", False)
+
+
+class PrecisionRuntime:
+    """Answers a unit linear's question 'which path this step?' from recipe and plan."""
+
+    def __init__(self, recipe, plan: PrecisionPlan):
+        self.recipe = recipe
+        self.plan = plan
+
+    def path_for(self, unit_name: str):
+        return self.recipe.recovery if self.plan.is_recovery(unit_name) else self.recipe.low

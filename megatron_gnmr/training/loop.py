@@ -27,7 +27,8 @@ from megatron_gnmr.controller.runtime import Controller
 from megatron_gnmr.controller.units import build_registry
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
-from megatron_gnmr.model import build_model, count_parameters, unwrap
+from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
+from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.observe.loggers import ConsoleLogger, JsonlLogger, MultiLogger, NullLogger
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.distributed import is_logging_rank
@@ -88,10 +89,13 @@ class Trainer:
         t = config.training
         self.data = resolve_data(config)
         self.model = build_model(config, self.data.tokenizer.vocab_size)
+        self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
+                                  and not config.gnmr.enabled)
+        bind_precision(self.model, config, self.plan)
         self.controller = None
         if config.gnmr.enabled:
             registry = build_registry(self.model, config.model.num_layers, config.gnmr.units)
-            self.controller = Controller(config.gnmr, registry, self.model)
+            self.controller = Controller(config.gnmr, registry, self.model, self.plan)
         self.optimizer, self.scheduler = build_optimizer(
             config, self.model, clip_in_megatron=self.controller is None)
         tconfig = unwrap(self.model[0]).config

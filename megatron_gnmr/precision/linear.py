@@ -1,0 +1,51 @@
+"""Megatron's column/row parallel linears, with the GEMM routed through the unit's path.
+
+Built through the layer `ModuleSpec` (`emulated_layer_spec`), so the transformer layer is
+not forked. Each unit's linear is bound to the run's `PrecisionRuntime` after the model is
+built; on every forward it asks which path its unit runs in this step. An exact path (the
+recovery path of a BF16-recovery recipe) calls megatron's own `_forward_impl` untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+from megatron_gnmr.precision.paths import emulated_linear
+
+
+class _PathRoutedLinear:
+    unit_name: str | None = None
+    precision_runtime = None
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        runtime = self.precision_runtime
+        path = runtime.path_for(self.unit_name) if runtime is not None else None
+        if path is None or path.is_exact:
+            return super()._forward_impl(input, weight, *args, **kwargs)
+        if kwargs.get("sequence_parallel"):
+            raise NotImplementedError("emulated precision paths do not support sequence "
+                                      "parallelism")
+        return emulated_linear(input, weight, kwargs.get("bias"), path,
+                               bool(kwargs.get("allreduce_dgrad")), self.tp_group)
+
+
+class EmulatedColumnParallelLinear(_PathRoutedLinear, ColumnParallelLinear):
+    pass
+
+
+class EmulatedRowParallelLinear(_PathRoutedLinear, RowParallelLinear):
+    pass
+
+
+def emulated_layer_spec(spec):
+    """A copy of a local-spec transformer layer with the four unit linears replaced."""
+    spec = copy.deepcopy(spec)
+    attention = spec.submodules.self_attention.submodules
+    mlp = spec.submodules.mlp.submodules
+    attention.linear_qkv = EmulatedColumnParallelLinear
+    attention.linear_proj = EmulatedRowParallelLinear
+    mlp.linear_fc1 = EmulatedColumnParallelLinear
+    mlp.linear_fc2 = EmulatedRowParallelLinear
+    return spec

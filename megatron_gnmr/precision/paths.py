@@ -1,0 +1,68 @@
+"""Paths: how one unit runs its GEMMs, and the autograd function that emulates them.
+
+A `GemmPath` names the quantization of each operand:
+
+    forward   y  = Q_in(x) @ Q_w(W)^T
+    backward  dx = Q_g(dy) @ Q_w(W)               (dgrad)
+              dW = Q_g(dy)^T @ S(x)               (wgrad; S = Q_saved, or the forward operand)
+
+`saved_input` is what the unit keeps for the weight-gradient GEMM (e.g. a 4-bit copy of x
+for activation-quantization stress); None keeps the forward operand. A path with every
+operand None is not emulated at all: such a unit runs megatron's own linear, so the
+recovery path of a BF16-recovery recipe is exactly the high-precision module.
+The backward always uses what its forward saved, so a unit's backward runs its forward's path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from megatron_gnmr.precision.scaling import QuantSpec, quantize
+
+
+@dataclass(frozen=True)
+class GemmPath:
+    name: str
+    input: QuantSpec | None = None
+    weight: QuantSpec | None = None
+    grad: QuantSpec | None = None
+    saved_input: QuantSpec | None = None
+
+    @property
+    def is_exact(self) -> bool:
+        return not (self.input or self.weight or self.grad or self.saved_input)
+
+
+def _maybe(x: torch.Tensor, spec: QuantSpec | None, group) -> torch.Tensor:
+    return x if spec is None else quantize(x, spec, amax_group=group)
+
+
+class EmulatedLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group):
+        x_q = _maybe(x, path.input, tp_group)
+        w_q = _maybe(weight, path.weight, tp_group)
+        saved = x_q if path.saved_input is None else _maybe(x, path.saved_input, tp_group)
+        ctx.save_for_backward(saved, w_q)
+        ctx.path, ctx.allreduce_dgrad, ctx.tp_group = path, allreduce_dgrad, tp_group
+        ctx.has_bias = bias is not None
+        out = torch.matmul(x_q, w_q.t())
+        return out + bias if bias is not None else out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        saved, w_q = ctx.saved_tensors
+        g_q = _maybe(grad_output, ctx.path.grad, ctx.tp_group)
+        grad_input = torch.matmul(g_q, w_q)
+        if ctx.allreduce_dgrad:  # column-parallel: the input was replicated across TP
+            torch.distributed.all_reduce(grad_input, group=ctx.tp_group)
+        g2 = g_q.reshape(-1, g_q.shape[-1])
+        grad_weight = torch.matmul(g2.t(), saved.reshape(-1, saved.shape[-1]))
+        grad_bias = g2.sum(dim=0) if ctx.has_bias else None
+        return grad_input, grad_weight, grad_bias, None, None, None
+
+
+def emulated_linear(x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group):
+    return EmulatedLinearFunction.apply(x, weight, bias, path, allreduce_dgrad, tp_group)

@@ -1,0 +1,79 @@
+"""Recipes: a low-cost path and a recovery path per unit (SPEC 6).
+
+| recipe | low-cost | recovery |
+|---|---|---|
+| `fp8-emulated` | E4M3 forward operands, E5M2 gradients (`--fp8-format hybrid`; `e4m3`: E4M3 everywhere), per-tensor current scaling (`--fp8-recipe tensorwise`), 1x128/128x128 (`blockwise`) or MX (`mxfp8`) | exact (megatron's linear) |
+| `deepseek` | FP6 (`--deepseek-low-format`, E2M3 default) with 1x128 activation/gradient tiles and 128x128 weight blocks, power-of-two scales | the same at FP8 E4M3 |
+| `act-quant` | saved activation at `--act-quant-bits` (INT4 default) for the weight-gradient GEMM | saved at `--act-quant-recovery-bits` (8; 16 = exact) |
+| `te-fp8` | Transformer Engine FP8 (GPU) | BF16 under a disabled TE autocast |
+
+Embedding, output head, norms and the attention core are never units: they stay in the
+run's precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.precision.paths import GemmPath
+from megatron_gnmr.precision.scaling import QuantSpec
+
+RECIPES = ("none", "fp8-emulated", "deepseek", "act-quant", "te-fp8")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    low: GemmPath
+    recovery: GemmPath
+
+
+EXACT = GemmPath("exact")
+
+
+def _fp8_granularity(fp8_recipe: str) -> tuple[str, str]:
+    """(activation/gradient granularity, weight granularity) for a Megatron --fp8-recipe."""
+    table = {"tensorwise": ("tensor", "tensor"), "blockwise": ("tile", "block"),
+             "mxfp8": ("mx", "mx")}
+    if fp8_recipe == "delayed":
+        raise UserError("--fp8-recipe delayed is refused: per-unit switching would skip amax "
+                        "history updates of recovered units; use tensorwise, blockwise or mxfp8")
+    if fp8_recipe not in table:
+        raise UserError(f"--fp8-recipe {fp8_recipe!r}: use tensorwise, blockwise or mxfp8")
+    return table[fp8_recipe]
+
+
+def build_recipe(config) -> Recipe | None:
+    """The recipe of a `PrecisionConfig`, or None for `none` and `te-fp8` (no emulation)."""
+    name = config.precision_recipe
+    if name in ("none", "te-fp8"):
+        return None
+    if name == "fp8-emulated":
+        act, weight = _fp8_granularity(config.fp8_recipe)
+        if config.fp8_format not in ("hybrid", "e4m3"):
+            raise UserError(f"--fp8-format {config.fp8_format!r}: use hybrid or e4m3")
+        grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
+        pow2 = config.fp8_recipe == "blockwise"
+        low = GemmPath("fp8", QuantSpec("e4m3", act, pow2), QuantSpec("e4m3", weight, pow2),
+                       QuantSpec(grad_format, act, pow2))
+        return Recipe(name, low, EXACT)
+    if name == "deepseek":
+        def blockwise(fmt: str) -> GemmPath:
+            return GemmPath(f"{fmt}-blockwise", QuantSpec(fmt, "tile", True),
+                            QuantSpec(fmt, "block", True), QuantSpec(fmt, "tile", True))
+        if config.deepseek_low_format not in ("e2m3", "e3m2"):
+            raise UserError(f"--deepseek-low-format {config.deepseek_low_format!r}: "
+                            "use e2m3 or e3m2")
+        return Recipe(name, blockwise(config.deepseek_low_format), blockwise("e4m3"))
+    if name == "act-quant":
+        def saved(bits: int) -> GemmPath:
+            if bits == 16:
+                return EXACT
+            if bits not in (2, 3, 4, 8):
+                raise UserError(f"act-quant bits must be 2, 3, 4, 8 or 16, got {bits}")
+            fmt = {8: "int8", 4: "int4"}.get(bits, f"int{bits}")
+            return GemmPath(f"act-int{bits}", saved_input=QuantSpec(fmt,
+                                                                    config.act_quant_granularity))
+        return Recipe(name, saved(config.act_quant_bits), saved(config.act_quant_recovery_bits))
+    raise UserError(f"--precision-recipe {name!r}: use one of {', '.join(RECIPES)}")
