@@ -55,10 +55,27 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         sequence_parallel=False,
+        **_fp8_fields(config),
     )
 
 
+def _fp8_fields(config: RunConfig) -> dict:
+    """Megatron's own FP8 settings, for the TE recipe only (emulated recipes need none)."""
+    precision = config.precision
+    if precision.precision_recipe != "te-fp8":
+        return {}
+    from megatron_gnmr.precision.te_backend import MEGATRON_FP8_RECIPE
+
+    return {"fp8": precision.fp8_format, "fp8_recipe": MEGATRON_FP8_RECIPE[precision.fp8_recipe]}
+
+
 def layer_spec(config: RunConfig):
+    if config.precision.precision_recipe == "te-fp8":
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        return get_gpt_layer_with_transformer_engine_spec()
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     if build_recipe(config.precision) is not None:
         spec = emulated_layer_spec(spec)
@@ -112,11 +129,16 @@ def bind_precision(model_chunks: list[torch.nn.Module], config: RunConfig, plan)
     from megatron_gnmr.controller.units import build_registry
     from megatron_gnmr.precision.plan import PrecisionRuntime
 
+    every_unit = build_registry(model_chunks, config.model.num_layers, pattern=".")
+    if config.precision.precision_recipe == "te-fp8":
+        from megatron_gnmr.precision.te_backend import bind_te_units
+
+        bind_te_units({every_unit.names[i]: m for i, m in every_unit.modules.items()}, plan)
+        return
     recipe = build_recipe(config.precision)
     if recipe is None:
         return
     runtime = PrecisionRuntime(recipe, plan)
-    every_unit = build_registry(model_chunks, config.model.num_layers, pattern=".")
     for index, module in every_unit.modules.items():
         module.unit_name = every_unit.names[index]
         module.precision_runtime = runtime

@@ -35,25 +35,11 @@ def bench_policy(num_units: int, steps: int) -> float:
 
 
 def bench_training(model_flags: list[str], steps: int) -> tuple[float, float]:
-    from megatron_gnmr.arguments import parse_config
-    from megatron_gnmr.training import distributed
-    from megatron_gnmr.training.loop import Trainer
+    from megatron_gnmr.training.step_timing import time_training_steps
 
     base = [*model_flags, "--train-iters", str(10 * steps), "--lr-warmup-iters", "1"]
-    configs = {"off": parse_config(base), "on": parse_config([*base, "--gnmr"])}
-    distributed.initialize(configs["off"])
-    trainers = {}
-    for name, config in configs.items():
-        distributed.set_seeds(config.training.seed)
-        trainers[name] = Trainer(config)
-    times = {"off": [], "on": []}
-    for step in range(steps + 3):
-        for name in ("off", "on") if step % 2 else ("on", "off"):
-            start = time.perf_counter()
-            trainers[name].train_step(step)
-            if step >= 3:  # warm-up steps are not timed
-                times[name].append(time.perf_counter() - start)
-    return statistics.median(times["off"]), statistics.median(times["on"])
+    times = time_training_steps({"off": base, "on": [*base, "--gnmr"]}, steps)
+    return times["off"], times["on"]
 
 
 TINY = ["--config", "configs/tiny_cpu.yaml"]

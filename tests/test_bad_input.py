@@ -55,6 +55,12 @@ CASES = {
     "warmup_beyond_run": (["--lr-warmup-iters", "50", "--train-iters", "10"], "--lr-warmup"),
     "resume_without_save": (["--resume", "auto", NO_SAVE], "--resume"),
     "resume_bad_value": (["--resume", "latest", "--save", "{save}"], "--resume"),
+    "unknown_recipe": (["--precision-recipe", "fp4-magic"], "--precision-recipe"),
+    "te_without_te": (["--precision-recipe", "te-fp8"], "Transformer Engine"),
+    "delayed_scaling": (["--precision-recipe", "fp8-emulated", "--fp8-recipe", "delayed"],
+                        "--fp8-recipe delayed"),
+    "act_quant_bits": (["--precision-recipe", "act-quant", "--act-quant-bits", "5"], "bits"),
+    "bad_static_path": (["--precision-static", "both"], "--precision-static"),
     # files
     "missing_config": (["--config", "{root}/nope.yaml"], "nope.yaml"),
     "unknown_yaml_key": (["--config", "{root}/unknown_key.yaml"], "model.num_layer"),

@@ -1,0 +1,32 @@
+"""Side-by-side step timing for benchmarks: several trainers in one process, stepped in
+rotating order so that machine drift hits every variant alike. Not used in training."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def time_training_steps(variants: dict[str, list[str]], steps: int,
+                        warmup: int = 3) -> dict[str, float]:
+    """Median seconds per optimizer step for each variant (a list of pretrain flags)."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.training import distributed
+    from megatron_gnmr.training.loop import Trainer
+
+    configs = {name: parse_config(flags) for name, flags in variants.items()}
+    distributed.initialize(next(iter(configs.values())))
+    trainers = {}
+    for name, config in configs.items():
+        distributed.set_seeds(config.training.seed)
+        trainers[name] = Trainer(config)
+    names = list(trainers)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for step in range(warmup + steps):
+        rotation = names[step % len(names):] + names[: step % len(names)]
+        for name in rotation:
+            start = time.perf_counter()
+            trainers[name].train_step(step)
+            if step >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
