@@ -65,13 +65,15 @@ def _field_docs(cls) -> dict[str, str]:
     return docs
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit 2, instead of usage + message
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is a UserError: one line and exit 2, no usage dump."""
+
+    def error(self, message: str):
         raise UserError(f"{message} (see --help)")
 
 
 def build_parser(prog: str = "pretrain_llama.py") -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, allow_abbrev=False, description="LLaMA pretraining on megatron-core with GNMR.")
+    parser = OneLineErrorParser(prog=prog, allow_abbrev=False, description="LLaMA pretraining on megatron-core with GNMR.")
     parser.add_argument("--config", help="YAML file with sections: " + ", ".join(SECTIONS))
     for section in SECTIONS:
         group = parser.add_argument_group(section)

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from megatron_gnmr.errors import UserError, exits_cleanly_on_user_error
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(f"{message} (see --help)")
+from megatron_gnmr.errors import exits_cleanly_on_user_error
 
 
 @exits_cleanly_on_user_error
@@ -18,11 +12,13 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_gnmr.platform import quiet_known_warnings
 
     quiet_known_warnings()
+    from megatron_gnmr.arguments import OneLineErrorParser
     from megatron_gnmr.controller import replay
     from megatron_gnmr.data import prepare
 
-    parser = _Parser(prog="megatron-gnmr", allow_abbrev=False)
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineErrorParser(prog="megatron-gnmr", allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command", required=True,
+                                     parser_class=OneLineErrorParser)
     for name, module, text in (
         ("prepare-data", prepare, "fetch text, train the tokenizer, write .bin/.idx"),
         ("replay", replay, "re-run the GNMR policy on a recorded trace, for a sweep"),

@@ -84,8 +84,9 @@ def run(args: argparse.Namespace) -> list[ReplayResult]:
                         f"step {gaps[0] if gaps else trace.steps[0]}); record it with "
                         "--gnmr-trace-interval 1 to replay")
     results = []
+    configs = settings(trace, args)
     print(f"replay of {args.trace}: {len(trace.steps)} steps x {len(trace.units)} units")
-    for config in settings(trace, args):
+    for config in configs:
         result = replay(trace, config, show_progress=True)
         results.append(result)
         s = result.summary

@@ -1,4 +1,4 @@
-"""Tensor and pipeline parallel training under torchrun (2 processes, gloo, CPU)."""
+"""Tensor, data and pipeline parallel training under torchrun (2 processes, gloo, CPU)."""
 
 import numpy as np
 import pytest
@@ -20,9 +20,11 @@ def reference_run(tmp_path_factory):
     return run_dir
 
 
-def test_tp2_reproduces_tp1(reference_run, tmp_path):
+@pytest.mark.parametrize("layout", [["--tensor-model-parallel-size", "2"], []],
+                         ids=["tp2", "dp2"])
+def test_two_process_layout_reproduces_tp1(reference_run, tmp_path, layout):
     run_pretrain([*TINY, "--train-iters", str(STEPS), "--eval-interval", "100", *GNMR,
-                  "--tensor-model-parallel-size", "2", "--save", str(tmp_path)], nproc=2)
+                  *layout, "--save", str(tmp_path)], nproc=2)
     expected, got = train_losses(reference_run), train_losses(tmp_path)
     assert sorted(got) == list(range(1, STEPS + 1))
     # Float reductions are ordered differently under TP, so the runs drift apart slowly
