@@ -8,7 +8,7 @@ RUN_DIR=${RUN_DIR:-runs/quickstart}
 bash scripts/setup_env.sh
 .venv/bin/megatron-gnmr prepare-data
 rm -rf "$RUN_DIR"
-.venv/bin/torchrun --nproc_per_node=2 --master_port=${MASTER_PORT:-29517} pretrain_llama.py \
+.venv/bin/torchrun --standalone --nproc_per_node=2 pretrain_llama.py \
   --config configs/tiny_cpu.yaml --tensor-model-parallel-size 2 --gnmr --save "$RUN_DIR" "$@"
 .venv/bin/python - "$RUN_DIR" <<'PY'
 import json, sys

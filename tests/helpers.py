@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +23,6 @@ TINY = [
 ]
 
 
-def _port() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
-
-
 def run_pretrain(args: list[str], nproc: int = 1, check: bool = True, timeout: int = 300,
                  extra_env: dict | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(extra_env or {}))
@@ -37,8 +30,7 @@ def run_pretrain(args: list[str], nproc: int = 1, check: bool = True, timeout: i
     if nproc == 1:
         command = [PYTHON, script, *args]
     else:
-        command = [TORCHRUN, f"--nproc_per_node={nproc}", f"--master_port={_port()}",
-                   script, *args]
+        command = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, *args]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=timeout)
     if check and result.returncode != 0:

@@ -17,8 +17,7 @@ from megatron_gnmr.platform import apply_cpu_patches, capabilities
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only patches")
 
 UNPATCHED_PROBE = textwrap.dedent("""
-    import json, os, torch
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29561", RANK="0", WORLD_SIZE="1")
+    import json, torch
     results = {}
     def probe(name, fn):
         try:
@@ -31,7 +30,8 @@ UNPATCHED_PROBE = textwrap.dedent("""
     probe("tensor_type", lambda: torch.zeros(1).type() == "torch.cuda.FloatTensor" or 1 / 0)
     def seed():
         from megatron.core import parallel_state, tensor_parallel
-        torch.distributed.init_process_group("gloo")
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(),
+                                             rank=0, world_size=1)
         parallel_state.initialize_model_parallel()
         tensor_parallel.model_parallel_cuda_manual_seed(1)
     probe("megatron_seed", seed)

@@ -19,14 +19,15 @@ def initialize(config: RunConfig) -> None:
     """Start torch.distributed (also for a single process) and megatron's parallel state."""
     apply_cpu_patches()
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+        if "WORLD_SIZE" in os.environ:  # launched by torchrun / srun
+            torch.distributed.init_process_group(backend=backend,
+                                                 timeout=timedelta(minutes=10))
+        else:  # a plain `python pretrain_llama.py`: a world of one, no port to race for
+            torch.distributed.init_process_group(backend=backend, rank=0, world_size=1,
+                                                 store=torch.distributed.HashStore())
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=config.parallel.tensor_model_parallel_size,
@@ -49,14 +50,6 @@ def shutdown() -> None:
         parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rank() -> int:

@@ -5,11 +5,11 @@ import subprocess
 
 import numpy as np
 
-from tests.helpers import REPO, TINY, TORCHRUN, _port
+from tests.helpers import REPO, TINY, TORCHRUN
 
 
 def test_unit_norms_and_one_collective_tp2():
-    command = [TORCHRUN, "--nproc_per_node=2", f"--master_port={_port()}",
+    command = [TORCHRUN, "--standalone", "--nproc_per_node=2",
                str(REPO / "tests" / "distributed" / "grad_stats_script.py"), *TINY,
                "--train-iters", "4", "--tensor-model-parallel-size", "2", "--gnmr",
                "--gnmr-agreement-interval", "0"]
