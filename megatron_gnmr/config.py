@@ -92,6 +92,8 @@ class TrainingConfig:
     """Checkpoints kept in --save (older ones are deleted after a new one is complete)."""
     exit_interval: int = 0
     """Stop (after checkpointing) once the step count is a multiple of N (0: never)."""
+    inject_nonfinite: Optional[str] = None
+    """Test only: STEP:UNIT[,...] puts a NaN into that unit's gradient at that step."""
 
 
 @dataclass
@@ -142,11 +144,16 @@ class GNMRRunConfig(GNMRConfig):
     """Write the per-unit trace (norms, scores, decision) every N steps (0: never)."""
     agreement_interval: int = 100
     """Every N steps all ranks check they hold the same controller state (0: never)."""
+    max_nonfinite_steps: int = 10
+    """Stop the run after this many consecutive steps with non-finite gradients."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.nonfinite not in ("skip", "raise"):
             raise ValueError(f"gnmr.nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"gnmr.max_nonfinite_steps must be >= 1, got "
+                             f"{self.max_nonfinite_steps}")
         for name in ("trace_interval", "agreement_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"gnmr.{name} must be >= 0, got {getattr(self, name)}")
@@ -237,6 +244,16 @@ def validate(config: RunConfig, world_size: int) -> None:
             f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}"
         )
     validate_precision(config)
+    if t.inject_nonfinite:
+        from megatron_gnmr.controller.units import canonical_unit_names
+        from megatron_gnmr.training.faults import parse_injections
+
+        known = set(canonical_unit_names(m.num_layers))
+        for units in parse_injections(t.inject_nonfinite).values():
+            for unit in units:
+                if unit not in known:
+                    raise UserError(f"--inject-nonfinite: no unit {unit!r} (names look like "
+                                    "'layers.0.mlp.linear_fc2')")
     if config.gnmr.enabled:
         from megatron_gnmr.controller.units import eligible_unit_names
 

@@ -14,16 +14,25 @@ class UserError(Exception):
     exit_code = 2
 
 
+class RunAborted(RuntimeError):
+    """The run stopped itself to protect the model (non-finite gradients, ranks that
+    disagree). Reported as one line with exit status 3; the checkpoints are kept."""
+
+    exit_code = 3
+
+
 def exits_cleanly_on_user_error(main: Callable) -> Callable:
-    """Turn a UserError (or argparse's own exit) into one `error:` line and exit status 2."""
+    """Turn a UserError (or argparse's own exit) into one `error:` line and exit status 2,
+    and a RunAborted into one `stopped:` line and exit status 3."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except UserError as error:
+        except (UserError, RunAborted) as error:
             if os.environ.get("RANK", "0") == "0":  # every rank finds it; one says it
-                print(f"error: {error}", file=sys.stderr, flush=True)
-            sys.exit(UserError.exit_code)
+                label = "error" if isinstance(error, UserError) else "stopped"
+                print(f"{label}: {error}", file=sys.stderr, flush=True)
+            sys.exit(error.exit_code)
 
     return wrapper

@@ -24,13 +24,15 @@ TINY = [
 
 
 def run_pretrain(args: list[str], nproc: int = 1, check: bool = True, timeout: int = 300,
-                 extra_env: dict | None = None) -> subprocess.CompletedProcess:
+                 extra_env: dict | None = None,
+                 torchrun_args: list[str] = ()) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(extra_env or {}))
     script = str(REPO / "pretrain_llama.py")
     if nproc == 1:
         command = [PYTHON, script, *args]
     else:
-        command = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, *args]
+        command = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", *torchrun_args,
+                   script, *args]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=timeout)
     if check and result.returncode != 0:

@@ -18,10 +18,11 @@ from megatron_gnmr.controller.grad_stats import GradStats, StepGradStats
 from megatron_gnmr.controller.policy import Decision, GNMRPolicy
 from megatron_gnmr.controller.trace import TraceWriter
 from megatron_gnmr.controller.units import UnitRegistry
+from megatron_gnmr.errors import RunAborted
 from megatron_gnmr.precision.plan import PrecisionPlan
 
 
-class ControllerDisagreement(RuntimeError):
+class ControllerDisagreement(RunAborted):
     pass
 
 

@@ -25,6 +25,7 @@ import torch
 from megatron.core import tensor_parallel
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.training.faults import maybe_sigkill
 
 LATEST = "latest"
 
@@ -66,6 +67,7 @@ def save_checkpoint(run_dir: str, step: int, shard: dict, meta: dict, keep_last:
     partial = staging / f".rank_{rank:05d}.pt.partial"
     torch.save(shard, partial)
     os.replace(partial, _rank_file(staging, rank))
+    maybe_sigkill(step, "save")  # reliability tests: die with the checkpoint half written
     torch.distributed.barrier()
     if rank == 0:
         meta = dict(meta, step=step, world_size=torch.distributed.get_world_size())

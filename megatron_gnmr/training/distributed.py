@@ -23,8 +23,9 @@ def initialize(config: RunConfig) -> None:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if "WORLD_SIZE" in os.environ:  # launched by torchrun / srun
-            torch.distributed.init_process_group(backend=backend,
-                                                 timeout=timedelta(minutes=10))
+            torch.distributed.init_process_group(
+                backend=backend, timeout=timedelta(minutes=10), store=_restart_safe_store(),
+                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
         else:  # a plain `python pretrain_llama.py`: a world of one, no port to race for
             torch.distributed.init_process_group(backend=backend, rank=0, world_size=1,
                                                  store=torch.distributed.HashStore())
@@ -34,6 +35,20 @@ def initialize(config: RunConfig) -> None:
             pipeline_model_parallel_size=config.parallel.pipeline_model_parallel_size,
         )
     set_seeds(config.training.seed)
+
+
+def _restart_safe_store():
+    """Under torchrun the workers share the agent's TCPStore, which outlives a restart
+    (`--max-restarts`): without a per-attempt prefix the new workers read the old workers'
+    gloo addresses and fail to connect. None (env:// as usual) outside torchelastic."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = torch.distributed.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+        world_size=int(os.environ["WORLD_SIZE"]), is_master=False,
+        timeout=timedelta(minutes=10))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return torch.distributed.PrefixStore(f"megatron_gnmr/attempt_{attempt}", store)
 
 
 def set_seeds(seed: int) -> None:

@@ -25,17 +25,22 @@ from megatron.core.distributed import finalize_model_grads
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.controller.runtime import Controller
 from megatron_gnmr.controller.units import build_registry
-from megatron_gnmr.errors import UserError
+from megatron_gnmr.errors import RunAborted, UserError
 from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.observe.loggers import ConsoleLogger, JsonlLogger, MultiLogger, NullLogger
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.distributed import is_logging_rank
+from megatron_gnmr.training.faults import (
+    NonFiniteInjector,
+    maybe_corrupt_controller,
+    maybe_sigkill,
+)
 from megatron_gnmr.training.run_state import RunState
 
 
-class NonFiniteGradientError(RuntimeError):
+class NonFiniteGradientError(RunAborted):
     pass
 
 
@@ -92,6 +97,9 @@ class Trainer:
         self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
                                   and not config.gnmr.enabled)
         bind_precision(self.model, config, self.plan)
+        every_unit = build_registry(self.model, config.model.num_layers, pattern=".")
+        self.injector = NonFiniteInjector(t.inject_nonfinite, {
+            every_unit.names[i]: module for i, module in every_unit.modules.items()})
         self.controller = None
         if config.gnmr.enabled:
             registry = build_registry(self.model, config.model.num_layers, config.gnmr.units)
@@ -133,6 +141,7 @@ class Trainer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         losses = self._forward_backward(self.train_reader.step_batches(step), False)
+        self.injector.corrupt(step + 1)
         metrics = {"train/loss": _reduce_loss(losses)}
         if self.controller is None:
             ok, grad_norm, _ = self.optimizer.step()
@@ -140,7 +149,8 @@ class Trainer:
             metrics["train/skipped"] = int(not ok)
         else:
             metrics.update(self._controlled_optimizer_step(step + 1))
-        self.scheduler.step(increment=1)
+        if not metrics["train/skipped"]:  # as megatron: a skipped update does not advance LR
+            self.scheduler.step(increment=1)
         return metrics
 
     def _controlled_optimizer_step(self, step: int) -> dict:
@@ -149,20 +159,34 @@ class Trainer:
         stats = controller.grad_stats.compute(loss_scale)
         decision = controller.observe(stats, step)
         interval = self.config.gnmr.agreement_interval
+        maybe_corrupt_controller(step, controller.policy)
         if interval and step % interval == 0:
             controller.verify_agreement(step)
         metrics = {"train/grad_norm": stats.total_norm, **controller.metrics(decision)}
         if decision.nonfinite or not math.isfinite(stats.total_norm):
-            names = [controller.registry.names[u] for u in decision.nonfinite]
-            self.logger.event(step, "nonfinite_gradient", {"units": names or ["non-unit"]})
-            if self.config.gnmr.nonfinite == "raise":
-                raise NonFiniteGradientError(f"non-finite gradient at step {step} in {names}")
-            metrics["train/skipped"] = 1
-            return metrics
+            return {**metrics, **self._skip_nonfinite(step, decision)}
+        self.state.nonfinite_streak = 0
         controller.grad_stats.clip_(stats.total_norm, self.config.training.clip_grad)
         found_inf = self.optimizer.prepare_grads()
         metrics["train/skipped"] = int(found_inf or not self.optimizer.step_with_ready_grads())
         return metrics
+
+    def _skip_nonfinite(self, step: int, decision) -> dict:
+        """A NaN/Inf gradient: report it, never apply it. The policy has already left it out
+        of every history and put the unit on the recovery path for the next step."""
+        names = [self.controller.registry.names[u] for u in decision.nonfinite] or ["non-unit"]
+        self.logger.event(step, "nonfinite_gradient", {"units": names})
+        self.state.nonfinite_streak += 1
+        gnmr = self.config.gnmr
+        if gnmr.nonfinite == "raise":
+            raise NonFiniteGradientError(f"non-finite gradient at step {step} in {names} "
+                                         "(--gnmr-nonfinite raise)")
+        if self.state.nonfinite_streak >= gnmr.max_nonfinite_steps:
+            raise NonFiniteGradientError(
+                f"{self.state.nonfinite_streak} consecutive steps with non-finite gradients "
+                f"(last at step {step} in {names}); stopping instead of skipping forever "
+                "(--gnmr-max-nonfinite-steps)")
+        return {"train/skipped": 1}
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -202,6 +226,19 @@ class Trainer:
         path = checkpoint.save_checkpoint(self.run_dir, step, shard, self.checkpoint_meta(),
                                           self.config.training.keep_last)
         self.logger.event(step, "checkpoint", {"path": str(path)})
+
+    def _keep_checkpoint(self) -> str:
+        """Before stopping on bad gradients: make sure the last good state is on disk. The
+        optimizer has not stepped, so the weights are those after step `state.step`."""
+        if not self.run_dir:
+            return "no --save directory, nothing was saved"
+        latest = checkpoint.latest_checkpoint(self.run_dir)
+        if latest is not None and latest.name == f"iter_{self.state.step:07d}":
+            return f"the last checkpoint is {latest}"
+        if self.state.step == 0:
+            return "no step was completed, nothing to save"
+        self.save(self.state.step)
+        return f"saved the last good state to {checkpoint.latest_checkpoint(self.run_dir)}"
 
     def load(self, directory: Path) -> None:
         expected = self.checkpoint_meta()
@@ -247,7 +284,10 @@ class Trainer:
         while self.state.step < t.train_iters:
             step = self.state.step + 1
             start = time.perf_counter()
-            metrics = self.train_step(self.state.step)
+            try:
+                metrics = self.train_step(self.state.step)
+            except NonFiniteGradientError as error:
+                raise NonFiniteGradientError(f"{error}; {self._keep_checkpoint()}") from None
             elapsed = time.perf_counter() - start
             self.state.step = step
             self.state.consumed_samples += t.global_batch_size
@@ -266,6 +306,7 @@ class Trainer:
             if self.run_dir and ((t.save_interval and step % t.save_interval == 0)
                                  or step == t.train_iters or should_exit):
                 self.save(step)
+            maybe_sigkill(step)
             if should_exit:
                 break
         summary.update({"steps": self.state.step, "final_train_loss": self.state.last_loss,
