@@ -124,21 +124,19 @@ def count_parameters(model_chunks: list[torch.nn.Module]) -> int:
     return sum(p.numel() for chunk in model_chunks for p in chunk.parameters())
 
 
-def bind_precision(model_chunks: list[torch.nn.Module], config: RunConfig, plan) -> None:
+def bind_precision(unit_modules: dict[str, torch.nn.Module], config: RunConfig, plan) -> None:
     """Tell every unit linear its name and the runtime that picks its path per step."""
-    from megatron_gnmr.controller.units import build_registry
     from megatron_gnmr.precision.plan import PrecisionRuntime
 
-    every_unit = build_registry(model_chunks, config.model.num_layers, pattern=".")
     if config.precision.precision_recipe == "te-fp8":
         from megatron_gnmr.precision.te_backend import bind_te_units
 
-        bind_te_units({every_unit.names[i]: m for i, m in every_unit.modules.items()}, plan)
+        bind_te_units(unit_modules, plan)
         return
     recipe = build_recipe(config.precision)
     if recipe is None:
         return
     runtime = PrecisionRuntime(recipe, plan)
-    for index, module in every_unit.modules.items():
-        module.unit_name = every_unit.names[index]
+    for name, module in unit_modules.items():
+        module.unit_name = name
         module.precision_runtime = runtime

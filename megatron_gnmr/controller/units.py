@@ -76,3 +76,9 @@ def build_registry(model_chunks: list[torch.nn.Module], num_layers: int,
                 if name in position:
                     registry.modules[position[name]] = module.get_submodule(suffix)
     return registry
+
+
+def local_unit_modules(model_chunks: list[torch.nn.Module], num_layers: int) -> dict:
+    """Every unit (eligible or not) that lives on this rank, by name."""
+    registry = build_registry(model_chunks, num_layers, pattern=".")
+    return {registry.names[index]: module for index, module in registry.modules.items()}

@@ -19,17 +19,17 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.distributed import finalize_model_grads
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.controller.runtime import Controller
-from megatron_gnmr.controller.units import build_registry
-from megatron_gnmr.errors import RunAborted, UserError
+from megatron_gnmr.controller.units import build_registry, local_unit_modules
 from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
+from megatron_gnmr.errors import RunAborted, UserError
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
-from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.observe.loggers import ConsoleLogger, JsonlLogger, MultiLogger, NullLogger
+from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.faults import (
@@ -96,20 +96,19 @@ class Trainer:
         self.model = build_model(config, self.data.tokenizer.vocab_size)
         self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
                                   and not config.gnmr.enabled)
-        bind_precision(self.model, config, self.plan)
-        every_unit = build_registry(self.model, config.model.num_layers, pattern=".")
-        self.injector = NonFiniteInjector(t.inject_nonfinite, {
-            every_unit.names[i]: module for i, module in every_unit.modules.items()})
+        units_here = local_unit_modules(self.model, config.model.num_layers)
+        bind_precision(units_here, config, self.plan)
+        self.injector = NonFiniteInjector(t.inject_nonfinite, units_here)
         self.controller = None
         if config.gnmr.enabled:
             registry = build_registry(self.model, config.model.num_layers, config.gnmr.units)
             self.controller = Controller(config.gnmr, registry, self.model, self.plan)
         self.optimizer, self.scheduler = build_optimizer(
             config, self.model, clip_in_megatron=self.controller is None)
+        # What megatron's schedules call after backward: DDP reduction and loss scaling.
         tconfig = unwrap(self.model[0]).config
         tconfig.finalize_model_grads_func = finalize_model_grads
         tconfig.grad_scale_func = self.optimizer.scale_loss
-        self.tconfig = tconfig
         self.eval_iters = t.eval_iters
         train, valid = build_datasets(config, self.data, self.eval_iters)
         self.train_reader = BatchReader(train, t.micro_batch_size, t.global_batch_size)
