@@ -33,6 +33,12 @@ setup(
         "sentencepiece",
         # Progress bars for data preparation and replay.
         "tqdm",
+        # Dashboards are part of every run, not an option: W&B (offline by default, ~20 s to
+        # install, nothing runs unless --wandb-project is given), TensorBoard event files,
+        # and matplotlib for `megatron-gnmr report` and the images logged to both.
+        "wandb>=0.19",
+        "tensorboard>=2.15",
+        "matplotlib>=3.7",
     ],
     extras_require={
         # Tests: pytest, hypothesis for the policy's property tests,

@@ -1,4 +1,4 @@
-"""`megatron-gnmr`: the project's subcommands (prepare-data, replay)."""
+"""`megatron-gnmr`: the project's subcommands (prepare-data, replay, report)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_gnmr.arguments import OneLineErrorParser
     from megatron_gnmr.controller import replay
     from megatron_gnmr.data import prepare
+    from megatron_gnmr.observe import report
 
     parser = OneLineErrorParser(prog="megatron-gnmr", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True,
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, module, text in (
         ("prepare-data", prepare, "fetch text, train the tokenizer, write .bin/.idx"),
         ("replay", replay, "re-run the GNMR policy on a recorded trace, for a sweep"),
+        ("report", report, "render a PNG report from the JSONL logs of one or more runs"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)

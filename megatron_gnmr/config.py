@@ -111,6 +111,24 @@ class DataConfig:
 
 
 @dataclass
+class LoggingConfig:
+    wandb_project: Optional[str] = None
+    """W&B project; W&B is off without it. Files stay in the run directory (--save)."""
+    wandb_exp_name: Optional[str] = None
+    """W&B run name (default: W&B's)."""
+    wandb_entity: Optional[str] = None
+    """W&B entity (team or user)."""
+    wandb_mode: Optional[str] = None
+    """offline | online | disabled (default: online if an API key is configured, else offline)."""
+    tensorboard_dir: Optional[str] = None
+    """Write TensorBoard event files here (same scalar names as W&B)."""
+    image_interval: int = 100
+    """W&B/TensorBoard: log the recovery timeline image every N steps (0: never)."""
+    log_all_ranks: bool = False
+    """Console lines from every rank (prefixed with the rank), not only rank 0."""
+
+
+@dataclass
 class PrecisionConfig:
     precision_recipe: str = "none"
     """none | fp8-emulated | deepseek | act-quant | te-fp8 (low-cost/recovery path pair)."""
@@ -170,6 +188,7 @@ class RunConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     gnmr: GNMRRunConfig = field(default_factory=GNMRRunConfig)
 
     def to_dict(self) -> dict:
@@ -244,6 +263,7 @@ def validate(config: RunConfig, world_size: int) -> None:
             f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}"
         )
     validate_precision(config)
+    validate_logging(config)
     if t.inject_nonfinite:
         from megatron_gnmr.controller.units import canonical_unit_names
         from megatron_gnmr.training.faults import parse_injections
@@ -287,3 +307,15 @@ def validate_precision(config: RunConfig) -> None:
         if not te:
             raise UserError(f"--precision-recipe te-fp8 needs Transformer Engine: {te.reason}; "
                             "use --precision-recipe fp8-emulated to emulate FP8 here")
+
+
+def validate_logging(config: RunConfig) -> None:
+    logging = config.logging
+    if logging.wandb_mode not in (None, "offline", "online", "disabled"):
+        raise UserError(f"--wandb-mode must be offline, online or disabled, got "
+                        f"{logging.wandb_mode!r}")
+    if logging.wandb_project and not config.training.save:
+        raise UserError("--wandb-project needs --save DIR (W&B files are kept in the run "
+                        "directory)")
+    if logging.image_interval < 0:
+        raise UserError(f"--image-interval must be >= 0, got {logging.image_interval}")

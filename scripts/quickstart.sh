@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command: install, prepare data, train the tiny LLaMA with 2 processes (TP=2) under
-# the GNMR controller, and say where the results are.
+# One command: install, prepare data, train the tiny LLaMA with 2 processes (TP=2) with
+# emulated FP8 under the GNMR controller, render the report, and say where the results are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_DIR=${RUN_DIR:-runs/quickstart}
@@ -9,7 +9,9 @@ bash scripts/setup_env.sh
 .venv/bin/megatron-gnmr prepare-data
 rm -rf "$RUN_DIR"
 .venv/bin/torchrun --standalone --nproc_per_node=2 pretrain_llama.py \
-  --config configs/tiny_cpu.yaml --tensor-model-parallel-size 2 --gnmr --save "$RUN_DIR" "$@"
+  --config configs/tiny_cpu.yaml --tensor-model-parallel-size 2 \
+  --precision-recipe fp8-emulated --gnmr --save "$RUN_DIR" "$@"
+.venv/bin/megatron-gnmr report "$RUN_DIR"
 .venv/bin/python - "$RUN_DIR" <<'PY'
 import json, sys
 summary = json.load(open(f"{sys.argv[1]}/summary.json"))
@@ -19,7 +21,8 @@ print(f"validation loss: step 0 {first:.3f} -> step {summary['steps']} {last:.3f
       f"(unigram entropy of the data: {h:.3f} nats)")
 print(f"GNMR: recovery sparsity {summary['gnmr/recovery_sparsity']:.2%}, "
       f"exceedance rate {summary['gnmr/exceedance_rate']:.2%}")
-print(f"results in {sys.argv[1]}/: metrics.jsonl, gnmr_trace.jsonl, summary.json, checkpoints/")
+print(f"results in {sys.argv[1]}/: report.png (loss, GNMR scores, which units ran the "
+      "recovery path when), metrics.jsonl, gnmr_trace.jsonl, summary.json, checkpoints/")
 ok = last < first and last < h
 print("OK: the model learned (below step 0 and below the unigram entropy)" if ok else "NOT OK")
 sys.exit(0 if ok else 1)

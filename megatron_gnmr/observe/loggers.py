@@ -1,7 +1,8 @@
 """Loggers behind one interface, so the training loop never asks which ones are on.
 
-`MultiLogger` fans out to console and JSONL (W&B and TensorBoard plug in the same way).
-Ranks other than the logging rank get a `NullLogger`.
+`MultiLogger` fans out to console, JSONL, W&B and TensorBoard (`build_loggers` picks them
+from the config). Ranks other than the logging rank get a `NullLogger`, or a console with a
+rank prefix under `--log-all-ranks`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from typing import Protocol
 
 class Logger(Protocol):
     def log(self, step: int, metrics: dict) -> None: ...
+    def image(self, step: int, key: str, figure) -> None: ...
     def event(self, step: int, kind: str, payload: dict) -> None: ...
     def close(self) -> None: ...
 
 
 class NullLogger:
     def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def image(self, step: int, key: str, figure) -> None:
         pass
 
     def event(self, step: int, kind: str, payload: dict) -> None:
@@ -50,6 +55,9 @@ class JsonlLogger:
         record.update({k: _finite_or_none(v) for k, v in metrics.items()})
         self.file.write(json.dumps(record) + "\n")
 
+    def image(self, step: int, key: str, figure) -> None:
+        pass  # the report renders images from the JSONL itself
+
     def event(self, step: int, kind: str, payload: dict) -> None:
         self.log(step, {"event": kind, **payload})
 
@@ -60,9 +68,13 @@ class JsonlLogger:
 class ConsoleLogger:
     """One line per logged step: step/total, loss, lr, grad norm, tokens/s, step time, ETA."""
 
-    def __init__(self, total_steps: int, stream=sys.stdout):
+    def __init__(self, total_steps: int, stream=sys.stdout, prefix: str = ""):
         self.total_steps = total_steps
         self.stream = stream
+        self.prefix = prefix
+
+    def image(self, step: int, key: str, figure) -> None:
+        pass
 
     def log(self, step: int, metrics: dict) -> None:
         if "train/loss" in metrics:
@@ -78,14 +90,14 @@ class ConsoleLogger:
             ]
             if "gnmr/recovery_size" in metrics:
                 parts.append(f"recovery {metrics['gnmr/recovery_size']}")
-            print(" | ".join(parts), file=self.stream, flush=True)
+            print(self.prefix + " | ".join(parts), file=self.stream, flush=True)
         if "valid/loss" in metrics:
-            print(f"validation at step {step}: loss {metrics['valid/loss']:.4f} "
+            print(f"{self.prefix}validation at step {step}: loss {metrics['valid/loss']:.4f} "
                   f"ppl {metrics['valid/ppl']:.2f}", file=self.stream, flush=True)
 
     def event(self, step: int, kind: str, payload: dict) -> None:
         details = ", ".join(f"{k}={v}" for k, v in payload.items())
-        print(f"[{kind}] step {step}: {details}", file=self.stream, flush=True)
+        print(f"{self.prefix}[{kind}] step {step}: {details}", file=self.stream, flush=True)
 
     def close(self) -> None:
         pass
@@ -104,6 +116,10 @@ class MultiLogger:
         for logger in self.loggers:
             logger.log(step, metrics)
 
+    def image(self, step: int, key: str, figure) -> None:
+        for logger in self.loggers:
+            logger.image(step, key, figure)
+
     def event(self, step: int, kind: str, payload: dict) -> None:
         for logger in self.loggers:
             logger.event(step, kind, payload)
@@ -111,3 +127,26 @@ class MultiLogger:
     def close(self) -> None:
         for logger in self.loggers:
             logger.close()
+
+
+def build_loggers(config, run_dir: str | None, rank: int):
+    """The loggers this rank should have. W&B and TensorBoard are imported only when on."""
+    logging = config.logging
+    total = config.training.train_iters
+    if rank != 0:
+        return ConsoleLogger(total, prefix=f"[rank {rank}] ") if logging.log_all_ranks \
+            else NullLogger()
+    loggers: list = [ConsoleLogger(total)]
+    if run_dir:
+        loggers.append(JsonlLogger(Path(run_dir) / "metrics.jsonl"))
+    if logging.wandb_project and logging.wandb_mode != "disabled":
+        from megatron_gnmr.observe.wandb_logger import WandbLogger
+
+        loggers.append(WandbLogger(Path(run_dir), config.to_dict(), logging.wandb_project,
+                                   logging.wandb_exp_name, logging.wandb_entity,
+                                   logging.wandb_mode))
+    if logging.tensorboard_dir:
+        from megatron_gnmr.observe.tensorboard_logger import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(Path(logging.tensorboard_dir)))
+    return MultiLogger(loggers)

@@ -28,7 +28,7 @@ from megatron_gnmr.controller.units import build_registry, local_unit_modules
 from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
 from megatron_gnmr.errors import RunAborted, UserError
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
-from megatron_gnmr.observe.loggers import ConsoleLogger, JsonlLogger, MultiLogger, NullLogger
+from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.distributed import is_logging_rank
@@ -118,13 +118,16 @@ class Trainer:
         self.logger = NullLogger()  # real loggers open after --load is validated
         self.forward_backward = get_forward_backward_func()
 
-    def _loggers(self):
-        if not is_logging_rank():
-            return NullLogger()
-        loggers = [ConsoleLogger(self.config.training.train_iters)]
-        if self.run_dir:
-            loggers.append(JsonlLogger(Path(self.run_dir) / "metrics.jsonl"))
-        return MultiLogger(loggers)
+    def _log_timeline_image(self, step: int) -> None:
+        interval = self.config.logging.image_interval
+        if self.controller is None or not self.run_dir or not is_logging_rank():
+            return
+        if interval and (step % interval == 0 or step == self.config.training.train_iters):
+            from megatron_gnmr.observe.report import timeline_figure
+
+            figure = timeline_figure(self.run_dir)
+            self.logger.image(step, "gnmr/recovery_timeline", figure)
+            figure.clf()
 
     # -- one step ---------------------------------------------------------------------
     def _forward_backward(self, batches, forward_only: bool):
@@ -268,7 +271,7 @@ class Trainer:
         if load:
             directory = checkpoint.find_checkpoint(load)
             self.load(directory)
-        self.logger = self._loggers()
+        self.logger = build_loggers(self.config, self.run_dir, torch.distributed.get_rank())
         if load:
             self.logger.event(self.state.step, "resumed", {"path": str(directory)})
         if self.controller is not None and self.run_dir and is_logging_rank():
@@ -297,6 +300,7 @@ class Trainer:
             self.state.last_loss = metrics["train/loss"]
             if step % t.log_interval == 0 or step == t.train_iters:
                 self.logger.log(step, metrics)
+            self._log_timeline_image(step)
             if step % t.eval_interval == 0 or step == t.train_iters:
                 result = self.evaluate()
                 summary["final_valid_loss"] = result["valid/loss"]

@@ -1,0 +1,213 @@
+"""`megatron-gnmr report`: one PNG from the JSONL logs of one or more runs.
+
+Panels: loss (train, smoothed, and validation) with the runs overlaid; the distribution of
+GNMR scores over all unit-steps; per run, the recovery timeline (units x steps, dark where
+the unit ran the recovery path, red ticks at non-finite gradients); monitor signals with
+alarm markers. GNMR scores are not stored in the trace: they are recomputed by replaying
+the recorded norms through the policy with the recorded settings, which reproduces the live
+run exactly. Reads runs in progress and crashed runs (a cut last line is ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from megatron_gnmr.errors import UserError
+
+
+@dataclass
+class RunLog:
+    name: str
+    records: list[dict]
+    units: list[str]
+    recovery: np.ndarray | None  # [steps, units] bool: on the recovery path during the step
+    gnmr: np.ndarray | None  # [steps, units]
+    alpha: float | None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a crashed or running job's last line may be cut
+    return records
+
+
+def load_run(run_dir: str) -> RunLog:
+    from megatron_gnmr.controller.config import GNMRConfig
+    from megatron_gnmr.controller.policy import GNMRPolicy
+    from megatron_gnmr.controller.trace import read_trace
+
+    root = Path(run_dir)
+    metrics = root / "metrics.jsonl"
+    if not metrics.is_file():
+        raise UserError(f"report: {run_dir} has no metrics.jsonl (is it a run directory?)")
+    records = _read_jsonl(metrics)
+    trace_path = root / "gnmr_trace.jsonl"
+    if not trace_path.is_file():
+        return RunLog(root.name, records, [], None, None, None)
+    trace = read_trace(str(trace_path))
+    known = {f for f in GNMRConfig.__dataclass_fields__}
+    config = GNMRConfig(**{k: v for k, v in trace.config.items() if k in known})
+    policy = GNMRPolicy(config, len(trace.units))
+    gnmr = np.array([policy.step(row).gnmr for row in trace.norms]).reshape(
+        len(trace.steps), len(trace.units))
+    recovery = np.zeros((len(trace.steps), len(trace.units)), dtype=bool)
+    for row, decided in enumerate(trace.recovery[:-1]):  # decided at t, runs in step t + 1
+        recovery[row + 1, list(decided)] = True
+    return RunLog(root.name, records, trace.units, recovery, gnmr, config.alpha)
+
+
+def _smooth(values: np.ndarray) -> np.ndarray:
+    window = max(1, len(values) // 20)
+    if window == 1:
+        return values
+    kernel = np.ones(window) / window
+    return np.convolve(values, kernel, mode="valid")
+
+
+def _loss_panel(ax, runs: list[RunLog]) -> None:
+    for index, run in enumerate(runs):
+        color = f"C{index}"
+        train = [(r["step"], r["train/loss"]) for r in run.records if "train/loss" in r]
+        valid = [(r["step"], r["valid/loss"]) for r in run.records if "valid/loss" in r]
+        if train:
+            steps, losses = map(np.array, zip(*train))
+            smoothed = _smooth(losses)
+            ax.plot(steps[len(steps) - len(smoothed):], smoothed, color=color,
+                    label=f"{run.name} train")
+        if valid:
+            steps, losses = zip(*valid)
+            ax.plot(steps, losses, "o--", color=color, markersize=4, label=f"{run.name} valid")
+    ax.set_title("Loss")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
+
+
+def _gnmr_panel(ax, runs: list[RunLog]) -> None:
+    drawn = False
+    for index, run in enumerate(runs):
+        if run.gnmr is None:
+            continue
+        scores = run.gnmr[np.isfinite(run.gnmr) & (run.gnmr > 0)]
+        if scores.size:
+            ax.hist(np.log10(scores), bins=60, alpha=0.5, color=f"C{index}", label=run.name)
+            ax.axvline(np.log10(run.alpha), color=f"C{index}", linestyle=":",
+                       label=f"alpha {run.alpha:g}")
+            drawn = True
+    ax.set_title("GNMR score distribution (all unit-steps)")
+    ax.set_xlabel("log10 GNMR")
+    ax.set_yscale("log")
+    if drawn:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no GNMR trace in these runs", ha="center", transform=ax.transAxes)
+
+
+def _timeline_panel(ax, run: RunLog) -> None:
+    ax.set_title(f"Recovery timeline: {run.name} (dark = recovery path)")
+    if run.recovery is None:
+        ax.text(0.5, 0.5, "no GNMR trace (controller off)", ha="center", transform=ax.transAxes)
+        ax.axis("off")
+        return
+    ax.imshow(run.recovery.T, aspect="auto", interpolation="nearest", cmap="Greys",
+              extent=(0.5, run.recovery.shape[0] + 0.5, len(run.units) - 0.5, -0.5))
+    ax.set_yticks(range(len(run.units)))
+    ax.set_yticklabels([u.replace("self_attention.", "").replace("mlp.", "")
+                        for u in run.units], fontsize=max(3, 8 - len(run.units) // 16))
+    nonfinite = [r for r in run.records if r.get("event") == "nonfinite_gradient"]
+    for event in nonfinite:
+        for unit in event.get("units", []):
+            if unit in run.units:
+                ax.plot(event["step"], run.units.index(unit), "r|", markersize=10)
+    ax.set_xlabel("step")
+
+
+def _monitor_panel(ax, runs: list[RunLog]) -> None:
+    ax.set_title("Monitor signals (x = alarm)")
+    drawn = False
+    for index, run in enumerate(runs):
+        keys = sorted({k for r in run.records for k in r if k.startswith("monitor/")
+                       and isinstance(r[k], (int, float))})
+        for key in keys[:6]:
+            points = [(r["step"], r[key]) for r in run.records if key in r]
+            steps, values = zip(*points)
+            ax.plot(steps, values, label=f"{run.name} {key}", color=f"C{index}", alpha=0.7)
+            drawn = True
+        for alarm in (r for r in run.records if r.get("event") == "alarm"):
+            ax.axvline(alarm["step"], color=f"C{index}", linestyle="--")
+            ax.plot(alarm["step"], alarm.get("value", 0), "x", color="red")
+    if drawn:
+        ax.legend(fontsize=6)
+    else:
+        ax.text(0.5, 0.5, "no monitor signals in these runs", ha="center",
+                transform=ax.transAxes)
+        ax.axis("off")
+
+
+def render_report(runs: list[RunLog]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = 2 + len(runs)
+    figure = plt.figure(figsize=(14, 3.6 * rows), constrained_layout=True)
+    grid = figure.add_gridspec(rows, 2)
+    _loss_panel(figure.add_subplot(grid[0, 0]), runs)
+    _gnmr_panel(figure.add_subplot(grid[0, 1]), runs)
+    for index, run in enumerate(runs):
+        _timeline_panel(figure.add_subplot(grid[1 + index, :]), run)
+    _monitor_panel(figure.add_subplot(grid[rows - 1, :]), runs)
+    return figure
+
+
+def _gnmr_heatmap_panel(ax, run: RunLog) -> None:
+    ax.set_title(f"GNMR per unit: {run.name} (log10)")
+    scores = np.log10(np.where(run.gnmr > 0, run.gnmr, np.nan))
+    image = ax.imshow(scores.T, aspect="auto", interpolation="nearest", cmap="coolwarm",
+                      vmin=-1, vmax=1, extent=(0.5, scores.shape[0] + 0.5,
+                                               len(run.units) - 0.5, -0.5))
+    ax.set_yticks(range(len(run.units)))
+    ax.set_yticklabels(run.units, fontsize=max(3, 8 - len(run.units) // 16))
+    ax.figure.colorbar(image, ax=ax, fraction=0.02)
+
+
+def timeline_figure(run_dir: str):
+    """Per-unit GNMR heatmap and recovery timeline of one run, for W&B / TensorBoard images
+    during training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = load_run(run_dir)
+    height = 0.25 * max(len(run.units), 8) + 1
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(12, 2 * height),
+                                         constrained_layout=True)
+    _gnmr_heatmap_panel(top, run)
+    _timeline_panel(bottom, run)
+    return figure
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+    parser.add_argument("--out", default=None,
+                        help="output PNG (default: report.png in the first run directory)")
+
+
+def run(args: argparse.Namespace) -> Path:
+    runs = [load_run(path) for path in args.runs]
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "report.png"
+    figure = render_report(runs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=110)
+    print(f"report: {out}")
+    return out

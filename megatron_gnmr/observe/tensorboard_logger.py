@@ -1,0 +1,28 @@
+"""TensorBoard: the same scalar names as W&B and JSONL, events as text."""
+
+from __future__ import annotations
+
+import json
+import numbers
+from pathlib import Path
+
+
+class TensorBoardLogger:
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, step: int, metrics: dict) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, numbers.Number) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, global_step=step)
+
+    def image(self, step: int, key: str, figure) -> None:
+        self.writer.add_figure(key, figure, global_step=step, close=False)
+
+    def event(self, step: int, kind: str, payload: dict) -> None:
+        self.writer.add_text(f"events/{kind}", json.dumps(payload, default=str), step)
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,113 @@
+"""W&B offline runs read back with wandb's own schema, TensorBoard scalars, and the report."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import REPO, TINY, run_pretrain
+from tests.wandb_offline_reader import read_offline_run
+
+GNMR = ["--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--gnmr-alpha", "1.2",
+        "--gnmr-beta", "1.1", "--gnmr-max-o", "2"]
+
+
+def _wandb_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "wandb-core" in line and "ps -eo" not in line]
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("wandb_run")
+    before = set(_wandb_processes())
+    run_pretrain([*TINY, *GNMR, "--train-iters", "8", "--eval-interval", "4",
+                  "--save", str(run_dir), "--wandb-project", "gnmr-test", "--wandb-mode",
+                  "offline", "--tensorboard-dir", str(run_dir / "tb"), "--image-interval", "4"],
+                 extra_env={"WANDB_API_KEY": ""})
+    return run_dir, before
+
+
+def test_wandb_offline_run_has_the_metrics_and_no_process_is_left(logged_run):
+    run_dir, before = logged_run
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1
+    run = read_offline_run(offline[0])
+    keys = {k for row in run["history"] for k in row}
+    for key in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
+                "train/step_time_s", "valid/loss", "gnmr/recovery_size",
+                "gnmr/recovery_sparsity", "gnmr/exceedance_rate", "gnmr/pool_size"):
+        assert key in keys, key
+    images = [row for row in run["history"] if "gnmr/recovery_timeline/_type" in row]
+    assert [row["_step"] for row in images] == [4, 8]
+    assert images[0]["gnmr/recovery_timeline/_type"] == "image-file"
+    assert (offline[0] / "files" / images[0]["gnmr/recovery_timeline/path"]).is_file()
+    losses = [row["train/loss"] for row in run["history"] if "train/loss" in row]
+    assert len(losses) == 8 and all(np.isfinite(losses))
+    assert run["config"]["gnmr"]["enabled"] is True  # the full run config
+    assert run["config"]["model"]["num_layers"] == 2
+    assert "final_valid_loss" in run["summary"]
+    for _ in range(20):  # wandb-core exits asynchronously after teardown
+        if not set(_wandb_processes()) - before:
+            break
+        time.sleep(0.25)
+    assert not set(_wandb_processes()) - before
+
+
+def test_tensorboard_has_the_same_scalars(logged_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _ = logged_run
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "valid/loss", "gnmr/recovery_size", "gnmr/exceedance_rate"} <= tags
+    assert len(events.Scalars("train/loss")) == 8
+
+
+def test_report_of_two_runs_has_every_panel(logged_run, tmp_path):
+    from matplotlib.image import imread
+
+    from megatron_gnmr.observe.report import load_run, render_report
+
+    run_dir, _ = logged_run
+    static = tmp_path / "static"
+    run_pretrain([*TINY, "--train-iters", "8", "--eval-interval", "4", "--save", str(static)])
+    titles = [ax.get_title() for ax in render_report([load_run(run_dir),
+                                                      load_run(static)]).axes]
+    for panel in ("Loss", "GNMR score distribution", f"Recovery timeline: {run_dir.name}",
+                  "Recovery timeline: static", "Monitor signals"):
+        assert any(t.startswith(panel) for t in titles), (panel, titles)
+
+    out = tmp_path / "report.png"
+    cli = subprocess.run([sys.executable, "-m", "megatron_gnmr.cli", "report", str(run_dir),
+                          str(static), "--out", str(out)], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    image = imread(out)
+    assert image.shape[0] > 1000 and image.shape[1] > 1000
+    assert image[..., :3].std() > 0.05  # not blank
+
+
+def test_report_reads_a_crashed_run(logged_run, tmp_path):
+    import shutil
+
+    from megatron_gnmr.observe.report import load_run
+
+    run_dir, _ = logged_run
+    crashed = tmp_path / "crashed"
+    shutil.copytree(run_dir, crashed, ignore=shutil.ignore_patterns("wandb*", "tb"))
+    for name in ("metrics.jsonl", "gnmr_trace.jsonl"):
+        text = (crashed / name).read_text()
+        (crashed / name).write_text(text[: len(text) - 25])  # cut mid-line, as a kill would
+    run = load_run(str(crashed))
+    assert run.recovery is not None and len(run.records) > 5
+
+
+def test_report_names_a_bad_directory(tmp_path):
+    cli = subprocess.run([sys.executable, "-m", "megatron_gnmr.cli", "report",
+                          str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True)
+    assert cli.returncode == 2 and "metrics.jsonl" in cli.stderr
