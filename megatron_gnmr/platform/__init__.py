@@ -13,5 +13,6 @@ def quiet_known_warnings() -> None:
     import warnings
 
     for pattern in (r".*(Apex|Transformer Engine and Apex) (is|are) not installed",
-                    r"full scope is deprecated"):
+                    r"full scope is deprecated",
+                    r"When using async grad allreduce it is recommended"):  # CUDA-only advice
         warnings.filterwarnings("ignore", message=pattern)
