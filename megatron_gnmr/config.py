@@ -38,6 +38,12 @@ class ModelConfig:
     """Std of the normal weight initialisation."""
     norm_epsilon: float = 1e-5
     """RMSNorm epsilon."""
+    num_experts: Optional[int] = None
+    """MoE: experts per layer (megatron-core MoE layers, local experts); None: dense SwiGLU."""
+    moe_router_topk: int = 2
+    """MoE: experts per token."""
+    moe_aux_loss_coeff: float = 1e-2
+    """MoE: load-balancing loss weight."""
 
 
 @dataclass
@@ -46,6 +52,8 @@ class ParallelConfig:
     """TP degree: splits heads and FFN columns across ranks."""
     pipeline_model_parallel_size: int = 1
     """PP degree: splits layers into stages (megatron's 1F1B schedule)."""
+    expert_model_parallel_size: int = 1
+    """EP degree for MoE: experts split across data-parallel ranks."""
 
 
 @dataclass
@@ -108,6 +116,24 @@ class DataConfig:
     """Tokenizer vocabulary for prepared data."""
     split: str = "95,5,0"
     """Train/valid/test split weights of the documents."""
+
+
+@dataclass
+class MonitorConfig:
+    monitors: str = ""
+    """Comma list of mechanism monitors to run: attention, router."""
+    monitor_interval: int = 10
+    """Measure every N steps."""
+    monitor_delta: int = 10
+    """Attention: dW spans this many steps (<= --monitor-interval)."""
+    monitor_band: float = 4.0
+    """Alarm when a signal leaves its baseline mean +- band x std ..."""
+    monitor_patience: int = 3
+    """... for this many consecutive checks."""
+    monitor_baseline_samples: int = 16
+    """Checks that form each signal's healthy baseline (after 2 start-up checks)."""
+    monitor_d3: bool = False
+    """Attention: also the second-order term D3 = dA dB^T."""
 
 
 @dataclass
@@ -189,6 +215,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     gnmr: GNMRRunConfig = field(default_factory=GNMRRunConfig)
 
     def to_dict(self) -> dict:
@@ -264,6 +291,8 @@ def validate(config: RunConfig, world_size: int) -> None:
         )
     validate_precision(config)
     validate_logging(config)
+    validate_monitors(config)
+    validate_moe(config, world_size)
     if t.inject_nonfinite:
         from megatron_gnmr.controller.units import canonical_unit_names
         from megatron_gnmr.training.faults import parse_injections
@@ -319,3 +348,47 @@ def validate_logging(config: RunConfig) -> None:
                         "directory)")
     if logging.image_interval < 0:
         raise UserError(f"--image-interval must be >= 0, got {logging.image_interval}")
+
+
+def validate_monitors(config: RunConfig) -> None:
+    monitor = config.monitor
+    families = set(filter(None, monitor.monitors.split(",")))
+    unknown = families - {"attention", "router"}
+    if unknown:
+        raise UserError(f"--monitors: unknown monitor(s) {', '.join(sorted(unknown))}; use "
+                        "attention, router")
+    if "router" in families and not config.model.num_experts:
+        raise UserError("--monitors router needs an MoE model (--num-experts N)")
+    if monitor.monitor_interval < 1 or not 1 <= monitor.monitor_delta <= monitor.monitor_interval:
+        raise UserError(f"--monitor-delta {monitor.monitor_delta} must be in [1, "
+                        f"--monitor-interval {monitor.monitor_interval}]")
+    if monitor.monitor_band <= 0 or monitor.monitor_patience < 1 or \
+            monitor.monitor_baseline_samples < 2:
+        raise UserError("--monitor-band must be > 0, --monitor-patience >= 1 and "
+                        "--monitor-baseline-samples >= 2")
+
+
+def validate_moe(config: RunConfig, world_size: int) -> None:
+    m, p = config.model, config.parallel
+    ep = p.expert_model_parallel_size
+    if not m.num_experts:
+        if ep != 1:
+            raise UserError("--expert-model-parallel-size needs an MoE model (--num-experts N)")
+        return
+    if m.num_experts < 2 or not 1 <= m.moe_router_topk <= m.num_experts:
+        raise UserError(f"--num-experts {m.num_experts} must be >= 2 and --moe-router-topk "
+                        f"{m.moe_router_topk} in [1, num experts]")
+    if m.num_experts % ep:
+        raise UserError(f"--expert-model-parallel-size {ep} must divide --num-experts "
+                        f"{m.num_experts}")
+    if p.tensor_model_parallel_size != 1:
+        raise UserError("MoE with --tensor-model-parallel-size > 1 needs sequence parallelism, "
+                        "which megatron-core cannot run without apex/TE; use TP 1")
+    if (world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)) % ep:
+        raise UserError(f"--expert-model-parallel-size {ep} must divide the data-parallel size")
+    if config.gnmr.enabled:
+        raise UserError("--gnmr with --num-experts is not supported yet (expert units are not "
+                        "registered); run the MoE model without --gnmr")
+    if config.precision.precision_recipe != "none":
+        raise UserError("--precision-recipe with --num-experts is not supported yet; the MoE "
+                        "model runs in the run's precision")

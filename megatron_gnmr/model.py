@@ -55,8 +55,25 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         sequence_parallel=False,
+        **_moe_fields(config),
         **_fp8_fields(config),
     )
+
+
+def _moe_fields(config: RunConfig) -> dict:
+    m = config.model
+    if not m.num_experts:
+        return {}
+    return {
+        "num_moe_experts": m.num_experts,
+        "moe_router_topk": m.moe_router_topk,
+        "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
+        "moe_router_load_balancing_type": "aux_loss",
+        "moe_token_dispatcher_type": "alltoall",
+        "moe_grouped_gemm": False,
+        "moe_ffn_hidden_size": m.ffn_hidden_size,
+        "expert_model_parallel_size": config.parallel.expert_model_parallel_size,
+    }
 
 
 def _fp8_fields(config: RunConfig) -> dict:
@@ -76,7 +93,8 @@ def layer_spec(config: RunConfig):
         )
 
         return get_gpt_layer_with_transformer_engine_spec()
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=config.model.num_experts,
+                                    moe_grouped_gemm=False, normalization="RMSNorm")
     if build_recipe(config.precision) is not None:
         spec = emulated_layer_spec(spec)
     return spec

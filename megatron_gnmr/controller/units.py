@@ -62,8 +62,9 @@ class UnitRegistry:
 
 
 def build_registry(model_chunks: list[torch.nn.Module], num_layers: int,
-                   pattern: str) -> UnitRegistry:
-    """Find this rank's modules for every eligible unit."""
+                   pattern: str, missing_ok: bool = False) -> UnitRegistry:
+    """Find this rank's modules for every eligible unit (`missing_ok`: skip units a layer
+    does not have, e.g. the dense MLP of an MoE layer)."""
     registry = UnitRegistry(eligible_unit_names(num_layers, pattern))
     position = {name: i for i, name in enumerate(registry.names)}
     for chunk in model_chunks:
@@ -74,11 +75,15 @@ def build_registry(model_chunks: list[torch.nn.Module], num_layers: int,
             for suffix in DENSE_UNIT_SUFFIXES:
                 name = f"layers.{layer_number - 1}.{suffix}"
                 if name in position:
-                    registry.modules[position[name]] = module.get_submodule(suffix)
+                    try:
+                        registry.modules[position[name]] = module.get_submodule(suffix)
+                    except AttributeError:
+                        if not missing_ok:
+                            raise
     return registry
 
 
 def local_unit_modules(model_chunks: list[torch.nn.Module], num_layers: int) -> dict:
     """Every unit (eligible or not) that lives on this rank, by name."""
-    registry = build_registry(model_chunks, num_layers, pattern=".")
+    registry = build_registry(model_chunks, num_layers, pattern=".", missing_ok=True)
     return {registry.names[index]: module for index, module in registry.modules.items()}

@@ -33,6 +33,7 @@ def initialize(config: RunConfig) -> None:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=config.parallel.tensor_model_parallel_size,
             pipeline_model_parallel_size=config.parallel.pipeline_model_parallel_size,
+            expert_model_parallel_size=config.parallel.expert_model_parallel_size,
         )
     set_seeds(config.training.seed)
 

@@ -28,6 +28,7 @@ from megatron_gnmr.controller.units import build_registry, local_unit_modules
 from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
 from megatron_gnmr.errors import RunAborted, UserError
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
+from megatron_gnmr.monitors.runtime import MonitorSuite
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.training import checkpoint
@@ -103,6 +104,8 @@ class Trainer:
         if config.gnmr.enabled:
             registry = build_registry(self.model, config.model.num_layers, config.gnmr.units)
             self.controller = Controller(config.gnmr, registry, self.model, self.plan)
+        self.monitors = MonitorSuite(config.monitor, self.model) if config.monitor.monitors \
+            else None
         self.optimizer, self.scheduler = build_optimizer(
             config, self.model, clip_in_megatron=self.controller is None)
         # What megatron's schedules call after backward: DDP reduction and loss scaling.
@@ -117,6 +120,15 @@ class Trainer:
         self.run_dir = t.save
         self.logger = NullLogger()  # real loggers open after --load is validated
         self.forward_backward = get_forward_backward_func()
+
+    def _run_monitors(self, step: int) -> None:
+        if self.monitors is None:
+            return
+        metrics, alarms = self.monitors.after_step(step)
+        if metrics:
+            self.logger.log(step, metrics)
+        for alarm in alarms:
+            self.logger.event(step, "alarm", alarm)
 
     def _log_timeline_image(self, step: int) -> None:
         interval = self.config.logging.image_interval
@@ -224,6 +236,7 @@ class Trainer:
             "rng": checkpoint.rng_state(),
             "run_state": self.state.state_dict(),
             "controller": self.controller.state_dict() if self.controller else None,
+            "monitors": self.monitors.state_dict() if self.monitors else None,
         }
         path = checkpoint.save_checkpoint(self.run_dir, step, shard, self.checkpoint_meta(),
                                           self.config.training.keep_last)
@@ -260,6 +273,8 @@ class Trainer:
         self.state.load_state_dict(shard["run_state"])
         if self.controller is not None and shard["controller"] is not None:
             self.controller.load_state_dict(shard["controller"])
+        if self.monitors is not None and shard.get("monitors") is not None:
+            self.monitors.load_state_dict(shard["monitors"])
         checkpoint.set_rng_state(shard["rng"])
 
     # -- the run -----------------------------------------------------------------------
@@ -285,6 +300,8 @@ class Trainer:
         tokens_per_step = t.global_batch_size * self.config.model.seq_length
         while self.state.step < t.train_iters:
             step = self.state.step + 1
+            if self.monitors is not None:
+                self.monitors.before_step(step)
             start = time.perf_counter()
             try:
                 metrics = self.train_step(self.state.step)
@@ -301,6 +318,7 @@ class Trainer:
             if step % t.log_interval == 0 or step == t.train_iters:
                 self.logger.log(step, metrics)
             self._log_timeline_image(step)
+            self._run_monitors(step)
             if step % t.eval_interval == 0 or step == t.train_iters:
                 result = self.evaluate()
                 summary["final_valid_loss"] = result["valid/loss"]

@@ -1,0 +1,1 @@
+"""Mechanism monitors: attention update spectra, MoE router statistics, alarms."""

@@ -1,0 +1,92 @@
+"""MoE router monitor (SPEC 7.2): routing entropy, weight similarity, conditioning ratio and
+expert load, per MoE layer.
+
+The router's gating is wrapped so that, on an armed step, each forward's per-token entropy
+of the FULL softmax (before top-k) and the tokens per expert (from the routing map) are kept
+on the device; `measure` reads them once. Unarmed steps cost one flag check. Token
+statistics are reduced over the data-parallel group (which holds the EP ranks too): the
+mean entropy and the load are global; the low quantile is the mean of the ranks' quantiles.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+
+from megatron_gnmr.monitors.attention import _gather_over_pipeline
+from megatron_gnmr.monitors.router_stats import (
+    conditioning_ratio,
+    routing_entropy,
+    weight_similarity,
+)
+
+LOW_QUANTILE = 0.05
+
+
+def router_layers(model_chunks) -> dict[int, torch.nn.Module]:
+    layers = {}
+    for chunk in model_chunks:
+        for module in chunk.modules():
+            router = getattr(getattr(module, "mlp", None), "router", None)
+            if router is not None and hasattr(module, "layer_number"):
+                layers[module.layer_number - 1] = router
+    return layers
+
+
+class RouterMonitor:
+    def __init__(self, model_chunks):
+        self.routers = router_layers(model_chunks)
+        self.armed = False
+        self.entropies: dict[int, list[torch.Tensor]] = {layer: [] for layer in self.routers}
+        self.loads: dict[int, torch.Tensor] = {}
+        for layer, router in self.routers.items():
+            self._instrument(layer, router)
+
+    def _instrument(self, layer: int, router) -> None:
+        original_gating = router.gating
+
+        def gating(*args, **kwargs):
+            logits = original_gating(*args, **kwargs)
+            if self.armed and router.training:
+                self.entropies[layer].append(routing_entropy(logits.detach()))
+            return logits
+
+        router.gating = gating
+
+        def count_tokens(module, args, output):
+            if self.armed and module.training:
+                routing_map = output[1]
+                load = routing_map.sum(dim=0).double()
+                self.loads[layer] = self.loads.get(layer, 0) + load
+
+        router.register_forward_hook(count_tokens)
+
+    def arm(self) -> None:
+        self.armed = True
+
+    @torch.no_grad()
+    def measure(self) -> dict[int, dict[str, float]]:
+        self.armed = False
+        local = {}
+        group = parallel_state.get_data_parallel_group()
+        for layer, router in self.routers.items():
+            values = {"weight_similarity": weight_similarity(router.weight.detach()),
+                      "conditioning_ratio": conditioning_ratio(router.weight.detach())}
+            if self.entropies[layer]:
+                entropy = torch.cat([e.reshape(-1) for e in self.entropies[layer]])
+                totals = torch.tensor([float(entropy.sum()), entropy.numel(),
+                                       float(torch.quantile(entropy, LOW_QUANTILE)), 1.0],
+                                      dtype=torch.float64)
+                load = self.loads[layer].clone()
+                torch.distributed.all_reduce(totals, group=group)
+                torch.distributed.all_reduce(load, group=group)
+                values.update({
+                    "entropy_mean": float(totals[0] / totals[1]),
+                    f"entropy_q{int(LOW_QUANTILE * 100):02d}": float(totals[2] / totals[3]),
+                    "load_max_over_mean": float(load.max() / load.mean().clamp_min(1e-30)),
+                    "load_min_over_mean": float(load.min() / load.mean().clamp_min(1e-30)),
+                })
+            local[layer] = values
+            self.entropies[layer] = []
+        self.loads = {}
+        return _gather_over_pipeline(local)
