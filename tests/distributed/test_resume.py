@@ -9,7 +9,9 @@ GNMR = ["--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--gnmr-max-o", "2"
 
 def test_stop_at_n_and_resume_matches_uninterrupted_tp2(tmp_path):
     common = [*TINY, "--train-iters", str(2 * N), "--eval-interval", "100", *GNMR,
-              "--tensor-model-parallel-size", "2"]
+              "--tensor-model-parallel-size", "2", "--monitors", "attention",
+              "--monitor-interval", "4", "--monitor-delta", "2",
+              "--monitor-baseline-samples", "2"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     run_pretrain([*common, "--save", str(straight)], nproc=2)
     run_pretrain([*common, "--save", str(stopped), "--exit-interval", str(N)], nproc=2)
@@ -23,3 +25,10 @@ def test_stop_at_n_and_resume_matches_uninterrupted_tp2(tmp_path):
         [r["recovery"] for r in trace_records(straight)]
     events = [r["event"] for r in read_jsonl(stopped / "metrics.jsonl") if "event" in r]
     assert "resumed" in events
+    # monitor state (snapshot taken at step 6, alarm baselines) survived the stop
+    def monitors(run):
+        return {(r["step"], k): v for r in read_jsonl(run / "metrics.jsonl") for k, v in r.items()
+                if k.startswith("monitor/")}
+    resumed, expected_monitors = monitors(stopped), monitors(straight)
+    assert (8, "monitor/attention/layer0/H_D2_mean") in resumed
+    assert resumed == expected_monitors
