@@ -37,8 +37,9 @@ def singular_values(matrix: torch.Tensor) -> torch.Tensor:
 
 def _product_singular_values(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Singular values of X Y^T (both tall, d x k) from the k x k core Rx Ry^T."""
-    _, r_x = torch.linalg.qr(x.double(), mode="reduced")
-    _, r_y = torch.linalg.qr(y.double(), mode="reduced")
+    # mode="r": only the triangular factor is needed (Q is never formed: half the work).
+    _, r_x = torch.linalg.qr(x.double(), mode="r")
+    _, r_y = torch.linalg.qr(y.double(), mode="r")
     return torch.linalg.svdvals(r_x @ r_y.T)
 
 

@@ -7,9 +7,10 @@ import statistics
 import time
 
 
-def time_training_steps(variants: dict[str, list[str]], steps: int,
-                        warmup: int = 3) -> dict[str, float]:
-    """Median seconds per optimizer step for each variant (a list of pretrain flags)."""
+def time_training_steps(variants: dict[str, list[str]], steps: int, warmup: int = 3,
+                        mean: bool = False) -> dict[str, float]:
+    """Median (or, for work done every N steps, mean) seconds per optimizer step for each
+    variant (a list of pretrain flags), monitors included."""
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.loop import Trainer
@@ -25,8 +26,14 @@ def time_training_steps(variants: dict[str, list[str]], steps: int,
     for step in range(warmup + steps):
         rotation = names[step % len(names):] + names[: step % len(names)]
         for name in rotation:
+            trainer = trainers[name]
             start = time.perf_counter()
-            trainers[name].train_step(step)
+            if trainer.monitors is not None:
+                trainer.monitors.before_step(step + 1)
+            trainer.train_step(step)
+            if trainer.monitors is not None:
+                trainer.monitors.after_step(step + 1)
             if step >= warmup:
                 times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    summary = statistics.mean if mean else statistics.median
+    return {name: summary(values) for name, values in times.items()}
