@@ -59,7 +59,8 @@ CASES = {
     "te_without_te": (["--precision-recipe", "te-fp8"], "Transformer Engine"),
     "delayed_scaling": (["--precision-recipe", "fp8-emulated", "--fp8-recipe", "delayed"],
                         "--fp8-recipe delayed"),
-    "act_quant_bits": (["--precision-recipe", "act-quant", "--act-quant-bits", "5"], "bits"),
+    "act_quant_bits": (["--precision-recipe", "act-quant", "--act-quant-bits", "5"],
+                       "--act-quant-bits"),
     "bad_static_path": (["--precision-static", "both"], "--precision-static"),
     "unknown_monitor": (["--monitors", "attention,loss"], "--monitors"),
     "router_without_moe": (["--monitors", "router"], "--num-experts"),
@@ -100,5 +101,6 @@ def test_bad_input_exits_2_with_one_line(files, tmp_path, name):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(errors) == 1 and needle in errors[0], result.stderr[-2000:]
+    print(f"\n{name}: {errors[0]}")  # `pytest -s` lists what each mistake is told
     assert "Traceback" not in result.stderr + result.stdout
     assert not save.exists() or not any(save.iterdir()), f"{name} wrote into --save"

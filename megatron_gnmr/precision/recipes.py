@@ -67,13 +67,14 @@ def build_recipe(config) -> Recipe | None:
                             "use e2m3 or e3m2")
         return Recipe(name, blockwise(config.deepseek_low_format), blockwise("e4m3"))
     if name == "act-quant":
-        def saved(bits: int) -> GemmPath:
+        def saved(bits: int, flag: str) -> GemmPath:
             if bits == 16:
                 return EXACT
             if bits not in (2, 3, 4, 8):
-                raise UserError(f"act-quant bits must be 2, 3, 4, 8 or 16, got {bits}")
+                raise UserError(f"{flag} must be 2, 3, 4, 8 or 16, got {bits}")
             fmt = {8: "int8", 4: "int4"}.get(bits, f"int{bits}")
             return GemmPath(f"act-int{bits}", saved_input=QuantSpec(fmt,
                                                                     config.act_quant_granularity))
-        return Recipe(name, saved(config.act_quant_bits), saved(config.act_quant_recovery_bits))
+        return Recipe(name, saved(config.act_quant_bits, "--act-quant-bits"),
+                      saved(config.act_quant_recovery_bits, "--act-quant-recovery-bits"))
     raise UserError(f"--precision-recipe {name!r}: use one of {', '.join(RECIPES)}")

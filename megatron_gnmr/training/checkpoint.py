@@ -122,11 +122,16 @@ def check_compatible(directory: Path, expected: dict) -> dict:
     except (OSError, json.JSONDecodeError) as error:
         raise UserError(f"--load {directory}: unreadable meta.json ({error})") from None
     for key, value in expected.items():
-        if meta.get(key) != value:
-            raise UserError(
-                f"--load {directory}: checkpoint {key} is {_short(meta.get(key))}, this run has "
-                f"{_short(value)}; load it with the same setting or start a new run"
-            )
+        found = meta.get(key)
+        if found == value:
+            continue
+        if isinstance(found, dict) and isinstance(value, dict):  # name the field that differs
+            field = next(k for k in value if found.get(k) != value.get(k))
+            key, found, value = f"{key}.{field}", found.get(field), value.get(field)
+        raise UserError(
+            f"--load {directory}: the checkpoint has {key} = {_short(found)}, this run has "
+            f"{_short(value)}; load it with the same setting or start a new run"
+        )
     return meta
 
 
