@@ -180,7 +180,8 @@ class GNMRRunConfig(GNMRConfig):
 
     enabled: bool = False
     """Turn the GNMR controller on (flag: --gnmr)."""
-    units: str = r"layers\.\d+\.(self_attention\.linear_(qkv|proj)|mlp\.linear_fc[12])$"
+    units: str = (r"layers\.\d+\.(self_attention\.linear_(qkv|proj)"
+                  r"|mlp\.(experts\.\d+\.)?linear_fc[12])$")
     """Regex over unit names selecting the eligible units (default: all decoder linears)."""
     nonfinite: str = "skip"
     """On a NaN/Inf gradient: `skip` the optimizer step, or `raise` (stop, keep checkpoint)."""
@@ -297,7 +298,7 @@ def validate(config: RunConfig, world_size: int) -> None:
         from megatron_gnmr.controller.units import canonical_unit_names
         from megatron_gnmr.training.faults import parse_injections
 
-        known = set(canonical_unit_names(m.num_layers))
+        known = set(canonical_unit_names(m.num_layers, m.num_experts))
         for units in parse_injections(t.inject_nonfinite).values():
             for unit in units:
                 if unit not in known:
@@ -306,7 +307,7 @@ def validate(config: RunConfig, world_size: int) -> None:
     if config.gnmr.enabled:
         from megatron_gnmr.controller.units import eligible_unit_names
 
-        eligible_unit_names(m.num_layers, config.gnmr.units)  # raises if it selects nothing
+        eligible_unit_names(m.num_layers, config.gnmr.units, m.num_experts)  # raises if empty
     if t.save is None and t.save_interval:
         raise UserError("--save-interval needs --save DIR")
     if t.resume not in (None, "auto"):
@@ -386,9 +387,6 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
                         "which megatron-core cannot run without apex/TE; use TP 1")
     if (world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)) % ep:
         raise UserError(f"--expert-model-parallel-size {ep} must divide the data-parallel size")
-    if config.gnmr.enabled:
-        raise UserError("--gnmr with --num-experts is not supported yet (expert units are not "
-                        "registered); run the MoE model without --gnmr")
     if config.precision.precision_recipe != "none":
         raise UserError("--precision-recipe with --num-experts is not supported yet; the MoE "
                         "model runs in the run's precision")

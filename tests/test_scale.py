@@ -75,8 +75,11 @@ def test_unit_counts_of_real_models():
     assert len(names) == 320 and len(set(names)) == 320
     assert names[:4] == ["layers.0.self_attention.linear_qkv", "layers.0.self_attention."
                          "linear_proj", "layers.0.mlp.linear_fc1", "layers.0.mlp.linear_fc2"]
-    policy = GNMRPolicy(GNMRConfig(max_o=0.001), num_units=31_232)  # 256 experts x 61 x 2
+    moe = canonical_unit_names(61, num_experts=256)  # DeepSeek-V3-like: 256 experts, 61 layers
+    assert len(moe) == 61 * (2 + 256 * 2) and len(set(moe)) == len(moe)
+    assert moe[2:4] == ["layers.0.mlp.experts.0.linear_fc1", "layers.0.mlp.experts.0.linear_fc2"]
+    policy = GNMRPolicy(GNMRConfig(max_o=0.001), num_units=len(moe))
     rng = np.random.default_rng(0)
     for _ in range(20):
-        decision = policy.step(rng.lognormal(size=31_232) * (1 + 50 * (rng.random() < 0.2)))
+        decision = policy.step(rng.lognormal(size=len(moe)) * (1 + 50 * (rng.random() < 0.2)))
         assert len(decision.recovery) <= 31

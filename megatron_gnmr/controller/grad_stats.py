@@ -8,6 +8,11 @@ weights) are counted on TP rank 0 only, as megatron's `get_grad_norm_fp32` does.
 all-reduce over megatron's grad-stats group (the model-parallel group) completes the
 vector: every rank then holds every unit's full, unsharded norm and the global norm for
 clipping, which is never computed a second time.
+
+With expert parallelism the experts of a layer live on different EP ranks, which megatron
+carves out of data parallelism: the all-reduce then runs over the expert-tensor-model-pipeline
+group (TP x EP x PP), expert parameters count on their owning rank, and every other parameter
+(identical on all EP ranks after DDP) counts on EP rank 0 only.
 """
 
 from __future__ import annotations
@@ -30,13 +35,20 @@ class StepGradStats:
 
 class GradStats:
     def __init__(self, registry: UnitRegistry, model_chunks: list[torch.nn.Module],
-                 group: torch.distributed.ProcessGroup | None = None):
+                 group: torch.distributed.ProcessGroup | None = None,
+                 expert_parallel: bool = False):
         self.num_units = registry.num_units
-        self.group = group if group is not None else parallel_state.get_model_parallel_group()
+        if group is None:
+            group = parallel_state.get_expert_tensor_model_pipeline_parallel_group() \
+                if expert_parallel else parallel_state.get_model_parallel_group()
+        self.group = group
         unit_of = {id(p): u for u in range(self.num_units) for p in registry.local_parameters(u)}
         self.all_params = [p for chunk in model_chunks for p in chunk.parameters()
                            if p.requires_grad]
-        self.params = [p for p in self.all_params if param_is_not_tensor_parallel_duplicate(p)]
+        first_ep_rank = not expert_parallel or \
+            parallel_state.get_expert_model_parallel_rank() == 0
+        self.params = [p for p in self.all_params if param_is_not_tensor_parallel_duplicate(p)
+                       and (first_ep_rank or _is_expert_parameter(p))]
         slots = [unit_of.get(id(p), self.num_units) for p in self.params]
         self.slots = torch.tensor(slots, dtype=torch.long)
 
@@ -64,6 +76,12 @@ class GradStats:
         # TP duplicates were counted once in the norm but every copy is clipped.
         torch._foreach_mul_([_grad(p) for p in self.all_params], coefficient)
         return coefficient
+
+
+def _is_expert_parameter(param: torch.nn.Parameter) -> bool:
+    # megatron marks expert-parallel parameters with `allreduce = False` (reduced over the
+    # expert-data-parallel group instead of the data-parallel group).
+    return getattr(param, "allreduce", True) is False
 
 
 def _grad(param: torch.nn.Parameter) -> torch.Tensor:

@@ -28,10 +28,11 @@ class ControllerDisagreement(RunAborted):
 
 class Controller:
     def __init__(self, config: GNMRRunConfig, registry: UnitRegistry,
-                 model_chunks: list[torch.nn.Module], plan: PrecisionPlan, group=None):
+                 model_chunks: list[torch.nn.Module], plan: PrecisionPlan, group=None,
+                 expert_parallel: bool = False):
         self.config = config
         self.registry = registry
-        self.grad_stats = GradStats(registry, model_chunks, group)
+        self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel)
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
         self.plan = plan
         self.trace: TraceWriter | None = None

@@ -4,7 +4,13 @@ A unit's global index depends only on the model shape and the `--gnmr-units` reg
 on the parallel layout: names are built from global layer numbers (megatron's
 `TransformerLayer.layer_number`, 1-based), and the eligible list is filtered from the full
 canonical list. Each rank then maps the units it owns to its local parameters; units on
-other pipeline stages map to nothing and contribute zero to the statistics.
+other pipeline stages (or, for experts, other expert-parallel ranks) map to nothing and
+contribute zero to the statistics.
+
+MoE layers: one unit per expert per fc1/fc2 (`layers.{l}.mlp.experts.{e}.linear_fc1`, with the
+global expert index e), after the layer's two attention units. Per-expert units keep the
+budget meaningful at DeepSeek-V3 scale (256 experts x 61 layers x 2 = 31k units) and let one
+hot expert be recovered without its 255 neighbours.
 """
 
 from __future__ import annotations
@@ -17,25 +23,30 @@ import torch
 from megatron_gnmr.errors import UserError
 
 # Per decoder layer, in canonical order (SPEC 2).
-DENSE_UNIT_SUFFIXES = (
-    "self_attention.linear_qkv",
-    "self_attention.linear_proj",
-    "mlp.linear_fc1",
-    "mlp.linear_fc2",
-)
+ATTENTION_UNIT_SUFFIXES = ("self_attention.linear_qkv", "self_attention.linear_proj")
+DENSE_UNIT_SUFFIXES = (*ATTENTION_UNIT_SUFFIXES, "mlp.linear_fc1", "mlp.linear_fc2")
 
 
-def canonical_unit_names(num_layers: int) -> list[str]:
+def layer_unit_suffixes(num_experts: int | None = None) -> tuple[str, ...]:
+    if not num_experts:
+        return DENSE_UNIT_SUFFIXES
+    return (*ATTENTION_UNIT_SUFFIXES, *(f"mlp.experts.{expert}.linear_fc{i}"
+                                        for expert in range(num_experts) for i in (1, 2)))
+
+
+def canonical_unit_names(num_layers: int, num_experts: int | None = None) -> list[str]:
     return [f"layers.{layer}.{suffix}" for layer in range(num_layers)
-            for suffix in DENSE_UNIT_SUFFIXES]
+            for suffix in layer_unit_suffixes(num_experts)]
 
 
-def eligible_unit_names(num_layers: int, pattern: str) -> list[str]:
+def eligible_unit_names(num_layers: int, pattern: str,
+                        num_experts: int | None = None) -> list[str]:
     try:
         regex = re.compile(pattern)
     except re.error as error:
         raise UserError(f"--gnmr-units {pattern!r}: not a valid regex ({error})") from None
-    names = [name for name in canonical_unit_names(num_layers) if regex.search(name)]
+    names = [name for name in canonical_unit_names(num_layers, num_experts)
+             if regex.search(name)]
     if not names:
         raise UserError(f"--gnmr-units {pattern!r} matches no unit (names look like "
                         f"'layers.0.mlp.linear_fc1')")
@@ -61,29 +72,42 @@ class UnitRegistry:
         return [] if module is None else list(module.parameters())
 
 
-def build_registry(model_chunks: list[torch.nn.Module], num_layers: int,
-                   pattern: str, missing_ok: bool = False) -> UnitRegistry:
-    """Find this rank's modules for every eligible unit (`missing_ok`: skip units a layer
-    does not have, e.g. the dense MLP of an MoE layer)."""
-    registry = UnitRegistry(eligible_unit_names(num_layers, pattern))
+def _unit_module(layer: torch.nn.Module, suffix: str) -> torch.nn.Module | None:
+    """The module of a unit inside a TransformerLayer, or None if another EP rank owns it."""
+    parts = suffix.split(".")
+    if parts[:2] != ["mlp", "experts"]:
+        return layer.get_submodule(suffix)
+    from megatron.core import parallel_state
+
+    experts = layer.mlp.experts  # megatron SequentialMLP: `local_experts` of this EP rank
+    first = parallel_state.get_expert_model_parallel_rank() * experts.num_local_experts
+    local = int(parts[2]) - first
+    if not 0 <= local < experts.num_local_experts:
+        return None
+    return experts.local_experts[local].get_submodule(parts[3])
+
+
+def build_registry(model_chunks: list[torch.nn.Module], num_layers: int, pattern: str,
+                   num_experts: int | None = None) -> UnitRegistry:
+    """Find this rank's modules for every eligible unit."""
+    registry = UnitRegistry(eligible_unit_names(num_layers, pattern, num_experts))
     position = {name: i for i, name in enumerate(registry.names)}
     for chunk in model_chunks:
         for module in chunk.modules():
             layer_number = getattr(module, "layer_number", None)
             if layer_number is None or not hasattr(module, "mlp"):
                 continue  # not a TransformerLayer
-            for suffix in DENSE_UNIT_SUFFIXES:
+            for suffix in layer_unit_suffixes(num_experts):
                 name = f"layers.{layer_number - 1}.{suffix}"
                 if name in position:
-                    try:
-                        registry.modules[position[name]] = module.get_submodule(suffix)
-                    except AttributeError:
-                        if not missing_ok:
-                            raise
+                    unit_module = _unit_module(module, suffix)
+                    if unit_module is not None:
+                        registry.modules[position[name]] = unit_module
     return registry
 
 
-def local_unit_modules(model_chunks: list[torch.nn.Module], num_layers: int) -> dict:
+def local_unit_modules(model_chunks: list[torch.nn.Module], num_layers: int,
+                       num_experts: int | None = None) -> dict:
     """Every unit (eligible or not) that lives on this rank, by name."""
-    registry = build_registry(model_chunks, num_layers, pattern=".", missing_ok=True)
+    registry = build_registry(model_chunks, num_layers, pattern=".", num_experts=num_experts)
     return {registry.names[index]: module for index, module in registry.modules.items()}

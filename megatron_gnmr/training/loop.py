@@ -97,13 +97,16 @@ class Trainer:
         self.model = build_model(config, self.data.tokenizer.vocab_size)
         self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
                                   and not config.gnmr.enabled)
-        units_here = local_unit_modules(self.model, config.model.num_layers)
+        units_here = local_unit_modules(self.model, config.model.num_layers,
+                                        config.model.num_experts)
         bind_precision(units_here, config, self.plan)
         self.injector = NonFiniteInjector(t.inject_nonfinite, units_here)
         self.controller = None
         if config.gnmr.enabled:
-            registry = build_registry(self.model, config.model.num_layers, config.gnmr.units)
-            self.controller = Controller(config.gnmr, registry, self.model, self.plan)
+            registry = build_registry(self.model, config.model.num_layers, config.gnmr.units,
+                                      config.model.num_experts)
+            self.controller = Controller(config.gnmr, registry, self.model, self.plan,
+                                         expert_parallel=bool(config.model.num_experts))
         self.monitors = MonitorSuite(config.monitor, self.model) if config.monitor.monitors \
             else None
         self.optimizer, self.scheduler = build_optimizer(

@@ -51,3 +51,4 @@ def test_pp2_trains_and_both_stages_decide_the_same(tmp_path):
     norms = np.array([r["norms"] for r in trace_records(tmp_path)])
     assert norms.shape == (STEPS, 8)
     assert np.all(np.isfinite(norms)) and np.all(norms > 0)  # layer 1 lives on stage 1
+
