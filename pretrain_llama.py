@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     quiet_known_warnings()
     from megatron_gnmr.arguments import parse_config
-    from megatron_gnmr.config import launch_world_size, validate
+    from megatron_gnmr.config import launch_world_size
+    from megatron_gnmr.validation import validate
 
     config = parse_config(argv)
     validate(config, launch_world_size())

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from megatron_gnmr.arguments import parse_config
-from megatron_gnmr.config import validate
+from megatron_gnmr.validation import validate
 from tests.helpers import REPO
 
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))
