@@ -38,8 +38,8 @@ def _decode(value) -> float:
 class TraceWriter:
     def __init__(self, path: Path, unit_names: list[str], config: GNMRConfig, resume_step: int):
         self.path = path
-        if resume_step > 0 and path.exists():
-            _truncate_after(path, resume_step)  # steps past the checkpoint are replayed anew
+        if path.exists():  # steps past the checkpoint (or a crash's cut line) are redone
+            _truncate_after(path, resume_step)
         new = not path.exists() or path.stat().st_size == 0
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = path.open("a", buffering=1)
@@ -58,8 +58,14 @@ class TraceWriter:
 
 
 def _truncate_after(path: Path, step: int) -> None:
-    kept = [line for line in path.read_text().splitlines(keepends=True)
-            if json.loads(line).get("step", 0) <= step]
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if record.get("step", 0) <= step:
+            kept.append(line + "\n")
     path.write_text("".join(kept))
 
 
@@ -83,7 +89,7 @@ def read_trace(path: str) -> Trace:
         except json.JSONDecodeError:
             if number == 1:
                 raise UserError(f"trace {path}: line 1 is not JSON") from None
-            break  # a crashed run's last line may be cut: keep what is complete
+            continue  # a line cut by a crash: keep what is complete
         if record.get("type") == "header":
             header = record
             continue

@@ -48,7 +48,10 @@ class JsonlLogger:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        cut = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
         self.file = path.open("a", buffering=1)
+        if cut:  # a crash cut the last record: start the resumed run on a fresh line
+            self.file.write("\n")
 
     def log(self, step: int, metrics: dict) -> None:
         record = {"step": step, "time": round(time.time(), 3)}

@@ -36,7 +36,7 @@ def _read_jsonl(path: Path) -> list[dict]:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            break  # a crashed or running job's last line may be cut
+            continue  # a line cut by a crash, or the one being written right now
     return records
 
 
