@@ -1,0 +1,1 @@
+"""Experiments: the paper's scenarios rebuilt at small scale, one command each."""

@@ -1,0 +1,94 @@
+"""Per-variant figures of a scenario, over seeds: mean and spread, as JSON and markdown."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from megatron_gnmr.experiments.scenario import Scenario
+
+
+def _records(run_dir: Path) -> list[dict]:
+    records = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def run_figures(run_dir: Path) -> dict:
+    """What one run contributes to a table (all from its logs)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = _records(run_dir)
+    train = [r["train/loss"] for r in records if "train/loss" in r]
+    tail = train[-max(1, len(train) // 10):]  # the last tenth: identical batches across runs
+    step_times = sorted(r["train/step_time_s"] for r in records if "train/step_time_s" in r)
+    return {
+        "final_valid_loss": summary.get("final_valid_loss"),
+        "final_valid_ppl": math.exp(summary["final_valid_loss"])
+        if summary.get("final_valid_loss") is not None else None,
+        "train_loss_last_tenth": statistics.mean(tail) if tail else None,
+        "step_time_s": step_times[len(step_times) // 2] if step_times else None,
+        "recovery_sparsity": summary.get("gnmr/recovery_sparsity"),
+        "exceedance_rate": summary.get("gnmr/exceedance_rate"),
+        "alarms": sum(1 for r in records if r.get("event") == "alarm"),
+        "first_alarm_step": next((r["step"] for r in records if r.get("event") == "alarm"),
+                                 None),
+        "steps": summary.get("steps"),
+    }
+
+
+def _mean_spread(values: list) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": statistics.mean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def summarize(scenario: Scenario, out: Path, smoke: bool) -> dict:
+    seeds = scenario.smoke_seeds if smoke else scenario.seeds
+    per_run = {variant: {seed: run_figures(out / f"{variant}-seed{seed}") for seed in seeds}
+               for variant in scenario.variants}
+    table = {}
+    for variant, runs in per_run.items():
+        keys = next(iter(runs.values())).keys()
+        table[variant] = {key: _mean_spread([r[key] for r in runs.values()]) for key in keys}
+    reference = table[scenario.reference]["step_time_s"]["mean"]
+    for variant in table:
+        own = table[variant]["step_time_s"]["mean"]
+        table[variant]["step_time_ratio"] = own / reference if own and reference else None
+    return {"scenario": scenario.name, "description": scenario.description, "smoke": smoke,
+            "seeds": seeds, "reference": scenario.reference, "table": table, "runs": per_run}
+
+
+def _cell(figure: dict, digits: int = 4, percent: bool = False) -> str:
+    if figure["mean"] is None:
+        return "-"
+    if percent:
+        return f"{100 * figure['mean']:.3f}%"
+    spread = f" +- {figure['std']:.{digits}f}" if figure["n"] > 1 else ""
+    return f"{figure['mean']:.{digits}f}{spread}"
+
+
+def write_tables(results: dict, out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    lines = [f"# {results['scenario']}{' (smoke)' if results['smoke'] else ''}", "",
+             results["description"].strip(), "",
+             f"seeds {results['seeds']}; mean +- std over seeds; step-time ratio to "
+             f"`{results['reference']}`", "",
+             "| variant | valid loss | valid ppl | train loss (last 10%) | recovery sparsity "
+             "| exceedance rate | alarms | first alarm | step-time ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for variant, row in results["table"].items():
+        ratio = row["step_time_ratio"]
+        lines.append(
+            f"| {variant} | {_cell(row['final_valid_loss'])} | {_cell(row['final_valid_ppl'], 1)}"
+            f" | {_cell(row['train_loss_last_tenth'])} | {_cell(row['recovery_sparsity'], percent=True)}"
+            f" | {_cell(row['exceedance_rate'], percent=True)} | {_cell(row['alarms'], 1)}"
+            f" | {_cell(row['first_alarm_step'], 0)} | {f'{ratio:.2f}' if ratio else '-'} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
