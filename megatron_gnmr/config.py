@@ -101,6 +101,12 @@ class TrainingConfig:
     """Stop (after checkpointing) once the step count is a multiple of N (0: never)."""
     inject_nonfinite: Optional[str] = None
     """Test only: STEP:UNIT[,...] puts a NaN into that unit's gradient at that step."""
+    emulated_attention: bool = False
+    """Core attention through an explicit flash-attention-style backward (fault studies)."""
+    attention_fault_bits: int = 0
+    """Fault study: round O to N mantissa bits toward -inf in delta = rowsum(dO * O) (0: off)."""
+    attention_fault_start: int = 1
+    """Fault study: the step the attention fault switches on."""
 
 
 @dataclass

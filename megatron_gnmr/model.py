@@ -8,6 +8,8 @@ training does it (Float16Module for bf16, then megatron's DDP), so gradients lan
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
@@ -95,6 +97,11 @@ def layer_spec(config: RunConfig):
         return get_gpt_layer_with_transformer_engine_spec()
     spec = get_gpt_layer_local_spec(num_experts=config.model.num_experts,
                                     moe_grouped_gemm=False, normalization="RMSNorm")
+    if config.training.emulated_attention or config.training.attention_fault_bits:
+        from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
+
+        spec = copy.deepcopy(spec)
+        spec.submodules.self_attention.submodules.core_attention = EmulatedFlashAttention
     if build_recipe(config.precision) is not None:
         spec = emulated_layer_spec(spec)
     return spec

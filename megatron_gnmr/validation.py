@@ -68,6 +68,9 @@ def validate(config: RunConfig, world_size: int) -> None:
             f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}"
         )
     validate_precision(config)
+    if not 0 <= t.attention_fault_bits <= 10 or t.attention_fault_start < 1:
+        raise UserError("--attention-fault-bits must be in [0, 10] and --attention-fault-start "
+                        ">= 1")
     validate_logging(config)
     validate_monitors(config)
     validate_moe(config, world_size)

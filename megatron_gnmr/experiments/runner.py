@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from tqdm import tqdm
@@ -51,7 +51,8 @@ def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2) -> dict
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_one, out / f"{variant}-seed{seed}", flags): (variant, seed)
                    for variant, seed, flags in runs}
-        for future in tqdm(futures, desc=scenario.name, unit="run"):
+        for future in tqdm(as_completed(futures), total=len(futures), desc=scenario.name,
+                           unit="run"):
             future.result()
     results = summarize(scenario, out, smoke)
     results["wall_time_s"] = round(time.time() - start, 1)

@@ -20,6 +20,37 @@ def _records(run_dir: Path) -> list[dict]:
     return records
 
 
+DIVERGENCE_WINDOW = 20
+DIVERGENCE_FACTOR = 1.2
+COLLAPSED_EFFECTIVE_RANK = 2.0
+
+
+def divergence_step(records: list[dict], warmup: int = 100) -> int | None:
+    """First step where the training loss, averaged over the last 20 logged steps, is 20%
+    above its running minimum (after `warmup` steps): the run has diverged."""
+    losses = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
+    best = math.inf
+    for i in range(DIVERGENCE_WINDOW, len(losses) + 1):
+        step = losses[i - 1][0]
+        window = [loss for _, loss in losses[i - DIVERGENCE_WINDOW:i]]
+        smoothed = statistics.mean(window) if all(map(math.isfinite, window)) else math.inf
+        if step > warmup and smoothed > DIVERGENCE_FACTOR * best:
+            return step
+        best = min(best, smoothed)
+    return None
+
+
+def first_step(records: list[dict], predicate) -> int | None:
+    return next((r["step"] for r in records if predicate(r)), None)
+
+
+def _collapsed(record: dict) -> bool:
+    """The dW_q update of some layer has collapsed to (effectively) rank < 2."""
+    ranks = [v for k, v in record.items() if k.startswith("monitor/attention/")
+             and k.endswith("/effective_rank_dWq")]
+    return bool(ranks) and min(ranks) < COLLAPSED_EFFECTIVE_RANK
+
+
 def run_figures(run_dir: Path) -> dict:
     """What one run contributes to a table (all from its logs)."""
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -36,8 +67,13 @@ def run_figures(run_dir: Path) -> dict:
         "recovery_sparsity": summary.get("gnmr/recovery_sparsity"),
         "exceedance_rate": summary.get("gnmr/exceedance_rate"),
         "alarms": sum(1 for r in records if r.get("event") == "alarm"),
-        "first_alarm_step": next((r["step"] for r in records if r.get("event") == "alarm"),
-                                 None),
+        "first_alarm_step": first_step(records, lambda r: r.get("event") == "alarm"),
+        "first_attention_alarm": first_step(
+            records, lambda r: r.get("event") == "alarm" and r.get("monitor") == "attention"),
+        "first_router_alarm": first_step(
+            records, lambda r: r.get("event") == "alarm" and r.get("monitor") == "router"),
+        "dw_collapse_step": first_step(records, _collapsed),
+        "divergence_step": divergence_step(records),
         "steps": summary.get("steps"),
     }
 
@@ -75,6 +111,12 @@ def _cell(figure: dict, digits: int = 4, percent: bool = False) -> str:
     return f"{figure['mean']:.{digits}f}{spread}"
 
 
+def _steps(results: dict, variant: str, key: str) -> str:
+    """Per-seed steps (an event's step is not averaged: '-' where it never happened)."""
+    values = [run[key] for run in results["runs"][variant].values()]
+    return "/".join("-" if v is None else str(v) for v in values)
+
+
 def write_tables(results: dict, out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=2))
     lines = [f"# {results['scenario']}{' (smoke)' if results['smoke'] else ''}", "",
@@ -82,13 +124,17 @@ def write_tables(results: dict, out: Path) -> None:
              f"seeds {results['seeds']}; mean +- std over seeds; step-time ratio to "
              f"`{results['reference']}`", "",
              "| variant | valid loss | valid ppl | train loss (last 10%) | recovery sparsity "
-             "| exceedance rate | alarms | first alarm | step-time ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| exceedance rate | step-time ratio | attention alarm | router alarm "
+             "| dW collapse | divergence |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for variant, row in results["table"].items():
         ratio = row["step_time_ratio"]
         lines.append(
             f"| {variant} | {_cell(row['final_valid_loss'])} | {_cell(row['final_valid_ppl'], 1)}"
             f" | {_cell(row['train_loss_last_tenth'])} | {_cell(row['recovery_sparsity'], percent=True)}"
-            f" | {_cell(row['exceedance_rate'], percent=True)} | {_cell(row['alarms'], 1)}"
-            f" | {_cell(row['first_alarm_step'], 0)} | {f'{ratio:.2f}' if ratio else '-'} |")
+            f" | {_cell(row['exceedance_rate'], percent=True)} | {f'{ratio:.2f}' if ratio else '-'}"
+            f" | {_steps(results, variant, 'first_attention_alarm')}"
+            f" | {_steps(results, variant, 'first_router_alarm')}"
+            f" | {_steps(results, variant, 'dw_collapse_step')}"
+            f" | {_steps(results, variant, 'divergence_step')} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")

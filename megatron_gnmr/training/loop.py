@@ -30,6 +30,7 @@ from megatron_gnmr.errors import RunAborted, UserError
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
 from megatron_gnmr.monitors.runtime import MonitorSuite
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
+from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention, FaultSchedule
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.distributed import is_logging_rank
@@ -101,6 +102,10 @@ class Trainer:
                                         config.model.num_experts)
         bind_precision(units_here, config, self.plan)
         self.injector = NonFiniteInjector(t.inject_nonfinite, units_here)
+        self.attention_fault = FaultSchedule(t.attention_fault_bits, t.attention_fault_start)
+        for module in (m for chunk in self.model for m in chunk.modules()):
+            if isinstance(module, EmulatedFlashAttention):
+                module.schedule = self.attention_fault
         self.controller = None
         if config.gnmr.enabled:
             registry = build_registry(self.model, config.model.num_layers, config.gnmr.units,
@@ -157,6 +162,7 @@ class Trainer:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
+        self.attention_fault.step = step + 1
         losses = self._forward_backward(self.train_reader.step_batches(step), False)
         self.injector.corrupt(step + 1)
         metrics = {"train/loss": _reduce_loss(losses)}

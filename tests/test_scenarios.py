@@ -1,0 +1,82 @@
+"""Every scenario's smoke size runs and checks its own invariants."""
+
+import json
+
+import pytest
+
+from megatron_gnmr.experiments.runner import reproduce
+from megatron_gnmr.experiments.scenario import available, load_scenario
+from megatron_gnmr.experiments.tables import divergence_step
+from tests.helpers import read_jsonl, train_losses
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Each scenario's smoke results, run once for the module."""
+    results = {}
+
+    def run(name):
+        if name not in results:
+            out = tmp_path_factory.mktemp(name)
+            results[name] = (reproduce(load_scenario(name), out, smoke=True), out)
+        return results[name]
+    return run
+
+
+def test_every_scenario_is_listed():
+    assert available() == ["act_quant_stress", "attention_fault", "combined_faults",
+                           "deepseek_hierarchy", "router_fault"]
+
+
+@pytest.mark.parametrize("name,controlled", [("act_quant_stress", ["gnmr-4/8", "gnmr-3/8"]),
+                                             ("deepseek_hierarchy", ["gnmr-6/8"])])
+def test_precision_scenarios_report_sparsity_within_budget(smoke, name, controlled):
+    results, out = smoke(name)
+    assert set(results["table"]) == set(load_scenario(name).variants)
+    budget = 2 / 8  # --gnmr-max-o 2 of 8 units
+    for variant in controlled:
+        sparsity = results["table"][variant]["recovery_sparsity"]["mean"]
+        assert sparsity is not None and 0 <= sparsity <= budget
+    assert (out / "results.md").read_text().count("|") > 20
+    assert (out / "report.png").stat().st_size > 10_000
+    json.loads((out / "results.json").read_text())
+
+
+def test_attention_fault_switch_changes_training_only_when_on(smoke):
+    _, out = smoke("attention_fault")
+
+    def grad_norms(variant):
+        return {r["step"]: r["train/grad_norm"]
+                for r in read_jsonl(out / f"{variant}-seed1" / "metrics.jsonl")
+                if "train/grad_norm" in r}
+
+    control, fault, later = (grad_norms(v) for v in ("control", "fault-1bit",
+                                                     "fault-1bit-from-1000"))
+    assert train_losses(out / "fault-1bit-seed1")[1] == train_losses(out / "control-seed1")[1]
+    assert all(fault[s] != control[s] for s in control)  # the backward changes from step 1
+    assert later == control  # switched on at step 1000: nothing changes before it
+    assert train_losses(out / "fault-1bit-from-1000-seed1") == \
+        train_losses(out / "control-seed1")
+    attention = [k for r in read_jsonl(out / "control-seed1" / "metrics.jsonl") for k in r
+                 if k.startswith("monitor/attention/")]
+    assert attention
+
+
+def test_router_scenarios_record_router_signals_and_alarm_families(smoke):
+    results, out = smoke("router_fault")
+    keys = {k for r in read_jsonl(out / "high-lr-small-batch-seed1" / "metrics.jsonl")
+            for k in r}
+    assert {"monitor/router/layer0/entropy_mean", "monitor/router/layer1/load_max_over_mean"} \
+        <= keys
+    combined, _ = smoke("combined_faults")
+    assert set(combined["table"]) == {"neither", "attention-fault", "router-fault", "both"}
+
+
+def test_divergence_rule():
+    records = [{"step": s, "train/loss": 5.0 - 0.001 * s} for s in range(1, 301)]
+    assert divergence_step(records) is None
+    records += [{"step": s, "train/loss": 9.0} for s in range(301, 340)]
+    # running minimum of the 20-step mean: steps 281-300, 5 - 0.001 * 290.5 = 4.7095; x 1.2 =
+    # 5.6514. With k steps at 9.0 in the window the mean is ((20 - k) x ~4.707 + 9 k) / 20:
+    # k = 4 gives 5.566 (below), k = 5 gives 5.780 (above): step 305.
+    assert divergence_step(records) == 305
