@@ -53,14 +53,15 @@ def _collapsed(record: dict) -> bool:
 
 def run_figures(run_dir: Path) -> dict:
     """What one run contributes to a table (all from its logs)."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    path = run_dir / "summary.json"  # absent when the run stopped itself (exit 3)
+    summary = json.loads(path.read_text()) if path.is_file() else {}
     records = _records(run_dir)
     train = [r["train/loss"] for r in records if "train/loss" in r]
     tail = train[-max(1, len(train) // 10):]  # the last tenth: identical batches across runs
     step_times = sorted(r["train/step_time_s"] for r in records if "train/step_time_s" in r)
     return {
         "final_valid_loss": summary.get("final_valid_loss"),
-        "final_valid_ppl": math.exp(summary["final_valid_loss"])
+        "final_valid_ppl": math.exp(min(summary["final_valid_loss"], 50.0))
         if summary.get("final_valid_loss") is not None else None,
         "train_loss_last_tenth": statistics.mean(tail) if tail else None,
         "step_time_s": step_times[len(step_times) // 2] if step_times else None,
