@@ -95,12 +95,20 @@ def summarize(scenario: Scenario, out: Path, smoke: bool) -> dict:
     for variant, runs in per_run.items():
         keys = next(iter(runs.values())).keys()
         table[variant] = {key: _mean_spread([r[key] for r in runs.values()]) for key in keys}
+    baseline = next(iter(per_run))  # the first variant: paired differences by seed
+    for variant, runs in per_run.items():
+        table[variant]["train_loss_gap"] = _mean_spread(
+            [r["train_loss_last_tenth"] - per_run[baseline][seed]["train_loss_last_tenth"]
+             for seed, r in runs.items()
+             if r["train_loss_last_tenth"] is not None
+             and per_run[baseline][seed]["train_loss_last_tenth"] is not None])
     reference = table[scenario.reference]["step_time_s"]["mean"]
     for variant in table:
         own = table[variant]["step_time_s"]["mean"]
         table[variant]["step_time_ratio"] = own / reference if own and reference else None
     return {"scenario": scenario.name, "description": scenario.description, "smoke": smoke,
-            "seeds": seeds, "reference": scenario.reference, "table": table, "runs": per_run}
+            "seeds": seeds, "reference": scenario.reference, "baseline": baseline,
+            "table": table, "runs": per_run}
 
 
 def _cell(figure: dict, digits: int = 4, percent: bool = False) -> str:
@@ -122,17 +130,19 @@ def write_tables(results: dict, out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=2))
     lines = [f"# {results['scenario']}{' (smoke)' if results['smoke'] else ''}", "",
              results["description"].strip(), "",
-             f"seeds {results['seeds']}; mean +- std over seeds; step-time ratio to "
-             f"`{results['reference']}`", "",
-             "| variant | valid loss | valid ppl | train loss (last 10%) | recovery sparsity "
+             f"seeds {results['seeds']}; mean +- std over seeds; gap: training loss over the "
+             f"last tenth of the steps minus `{results['baseline']}`'s on the same batches "
+             f"(paired by seed); step-time ratio to `{results['reference']}`", "",
+             "| variant | valid loss | valid ppl | train loss (last 10%) | gap | recovery sparsity "
              "| exceedance rate | step-time ratio | attention alarm | router alarm "
              "| dW collapse | divergence |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for variant, row in results["table"].items():
         ratio = row["step_time_ratio"]
         lines.append(
             f"| {variant} | {_cell(row['final_valid_loss'])} | {_cell(row['final_valid_ppl'], 1)}"
-            f" | {_cell(row['train_loss_last_tenth'])} | {_cell(row['recovery_sparsity'], percent=True)}"
+            f" | {_cell(row['train_loss_last_tenth'])} | {_cell(row['train_loss_gap'])}"
+            f" | {_cell(row['recovery_sparsity'], percent=True)}"
             f" | {_cell(row['exceedance_rate'], percent=True)} | {f'{ratio:.2f}' if ratio else '-'}"
             f" | {_steps(results, variant, 'first_attention_alarm')}"
             f" | {_steps(results, variant, 'first_router_alarm')}"
