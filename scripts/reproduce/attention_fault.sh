@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Reproduce the attention_fault scenario (add --smoke for the one-minute size).
+# Reproduce the attention_fault scenario on a fresh machine (add --smoke for the one-minute size);
+# results in results/attention_fault/ (results.md, results.json, report.png, one run dir per seed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+bash scripts/setup_env.sh
+.venv/bin/megatron-gnmr prepare-data
 exec .venv/bin/megatron-gnmr reproduce attention_fault "$@"

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Reproduce the combined_faults scenario (add --smoke for the one-minute size).
+# Reproduce the combined_faults scenario on a fresh machine (add --smoke for the one-minute size);
+# results in results/combined_faults/ (results.md, results.json, report.png, one run dir per seed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+bash scripts/setup_env.sh
+.venv/bin/megatron-gnmr prepare-data
 exec .venv/bin/megatron-gnmr reproduce combined_faults "$@"

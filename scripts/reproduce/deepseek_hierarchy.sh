@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Reproduce the deepseek_hierarchy scenario (add --smoke for the one-minute size).
+# Reproduce the deepseek_hierarchy scenario on a fresh machine (add --smoke for the one-minute size);
+# results in results/deepseek_hierarchy/ (results.md, results.json, report.png, one run dir per seed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+bash scripts/setup_env.sh
+.venv/bin/megatron-gnmr prepare-data
 exec .venv/bin/megatron-gnmr reproduce deepseek_hierarchy "$@"
