@@ -8,6 +8,7 @@ pure policy, the `PrecisionPlan` the precision backends read, and the trace.
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,9 @@ from megatron_gnmr.controller.trace import TraceWriter
 from megatron_gnmr.controller.units import UnitRegistry
 from megatron_gnmr.errors import RunAborted
 from megatron_gnmr.precision.plan import PrecisionPlan
+
+
+RECENT_STEPS = 500
 
 
 class ControllerDisagreement(RunAborted):
@@ -36,6 +40,9 @@ class Controller:
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
         self.plan = plan
         self.trace: TraceWriter | None = None
+        # The last steps' scores and decisions, for the images logged during training
+        # (re-reading the whole trace would grow with the run).
+        self.recent: deque = deque(maxlen=RECENT_STEPS)
 
     def open_trace(self, run_dir: str, resume_step: int) -> None:
         self.trace = TraceWriter(Path(run_dir) / "gnmr_trace.jsonl", self.registry.names,
@@ -45,6 +52,7 @@ class Controller:
         """Decide the recovery set for step `step + 1` from step `step`'s statistics."""
         decision = self.policy.step(stats.unit_norms)
         self.plan.advance([self.registry.names[u] for u in decision.recovery], step + 1)
+        self.recent.append((step, decision.gnmr.copy(), decision.recovery))
         interval = self.config.trace_interval
         if self.trace is not None and interval and step % interval == 0:
             self.trace.write(decision)
@@ -76,6 +84,18 @@ class Controller:
             sha.update(key.encode())
             sha.update(np.ascontiguousarray(state[key]).tobytes())
         return int.from_bytes(sha.digest()[:8], "little") >> 2  # fits int64 with room to negate
+
+    def recent_run_log(self, name: str):
+        """The recent window as a report `RunLog` (recovery shown in the step it runs)."""
+        from megatron_gnmr.observe.report import RunLog
+
+        steps = [step for step, _, _ in self.recent]
+        gnmr = np.array([scores for _, scores, _ in self.recent])
+        recovery = np.zeros_like(gnmr, dtype=bool)
+        for row, (_, _, decided) in enumerate(list(self.recent)[:-1]):
+            recovery[row + 1, list(decided)] = True
+        return RunLog(name, [], self.registry.names, recovery, gnmr,
+                      self.config.threshold("alpha", steps[-1]), first_step=steps[0])
 
     def metrics(self, decision: Decision) -> dict:
         summary = self.policy.summary()

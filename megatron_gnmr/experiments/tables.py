@@ -8,16 +8,7 @@ import statistics
 from pathlib import Path
 
 from megatron_gnmr.experiments.scenario import Scenario
-
-
-def _records(run_dir: Path) -> list[dict]:
-    records = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+from megatron_gnmr.observe.report import read_jsonl
 
 
 DIVERGENCE_WINDOW = 20
@@ -55,7 +46,7 @@ def run_figures(run_dir: Path) -> dict:
     """What one run contributes to a table (all from its logs)."""
     path = run_dir / "summary.json"  # absent when the run stopped itself (exit 3)
     summary = json.loads(path.read_text()) if path.is_file() else {}
-    records = _records(run_dir)
+    records = read_jsonl(run_dir / "metrics.jsonl")
     train = [r["train/loss"] for r in records if "train/loss" in r]
     tail = train[-max(1, len(train) // 10):]  # the last tenth: identical batches across runs
     step_times = sorted(r["train/step_time_s"] for r in records if "train/step_time_s" in r)

@@ -58,7 +58,7 @@ class AttentionMonitor:
     def measure(self) -> dict[int, dict[str, float]]:
         local = {layer: self._measure_layer(layer, attention)
                  for layer, attention in self.layers.items()}
-        return _gather_over_pipeline(local)
+        return gather_over_pipeline(local)
 
     def _measure_layer(self, layer: int, attention) -> dict[str, float]:
         heads_per_group, d_head = self._geometry(attention)
@@ -107,7 +107,7 @@ class AttentionMonitor:
         self.snapshots = {int(k): v.clone() for k, v in state["snapshots"].items()}
 
 
-def _gather_over_pipeline(local: dict) -> dict:
+def gather_over_pipeline(local: dict) -> dict:
     group = parallel_state.get_pipeline_model_parallel_group()
     if torch.distributed.get_world_size(group) == 1:
         return local

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
-from megatron_gnmr.monitors.attention import _gather_over_pipeline
+from megatron_gnmr.monitors.attention import gather_over_pipeline
 from megatron_gnmr.monitors.router_stats import (
     conditioning_ratio,
     routing_entropy,
@@ -89,4 +89,4 @@ class RouterMonitor:
             local[layer] = values
             self.entropies[layer] = []
         self.loads = {}
-        return _gather_over_pipeline(local)
+        return gather_over_pipeline(local)

@@ -28,9 +28,12 @@ class RunLog:
     recovery: np.ndarray | None  # [steps, units] bool: on the recovery path during the step
     gnmr: np.ndarray | None  # [steps, units]
     alpha: float | None
+    first_step: int = 1  # the step of row 0 (a window of a longer run starts later)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """Every complete record of a JSONL log (one cut by a crash, or being written, is
+    skipped)."""
     records = []
     for line in path.read_text().splitlines():
         try:
@@ -49,7 +52,7 @@ def load_run(run_dir: str) -> RunLog:
     metrics = root / "metrics.jsonl"
     if not metrics.is_file():
         raise UserError(f"report: {run_dir} has no metrics.jsonl (is it a run directory?)")
-    records = _read_jsonl(metrics)
+    records = read_jsonl(metrics)
     trace_path = root / "gnmr_trace.jsonl"
     if not trace_path.is_file():
         return RunLog(root.name, records, [], None, None, None)
@@ -117,8 +120,9 @@ def _timeline_panel(ax, run: RunLog) -> None:
         ax.text(0.5, 0.5, "no GNMR trace (controller off)", ha="center", transform=ax.transAxes)
         ax.axis("off")
         return
+    first = run.first_step - 0.5
     ax.imshow(run.recovery.T, aspect="auto", interpolation="nearest", cmap="Greys",
-              extent=(0.5, run.recovery.shape[0] + 0.5, len(run.units) - 0.5, -0.5))
+              extent=(first, first + run.recovery.shape[0], len(run.units) - 0.5, -0.5))
     ax.set_yticks(range(len(run.units)))
     ax.set_yticklabels([u.replace("self_attention.", "").replace("mlp.", "")
                         for u in run.units], fontsize=max(3, 8 - len(run.units) // 16))
@@ -172,23 +176,23 @@ def render_report(runs: list[RunLog]):
 def _gnmr_heatmap_panel(ax, run: RunLog) -> None:
     ax.set_title(f"GNMR per unit: {run.name} (log10)")
     scores = np.log10(np.where(run.gnmr > 0, run.gnmr, np.nan))
+    first = run.first_step - 0.5
     image = ax.imshow(scores.T, aspect="auto", interpolation="nearest", cmap="coolwarm",
-                      vmin=-1, vmax=1, extent=(0.5, scores.shape[0] + 0.5,
+                      vmin=-1, vmax=1, extent=(first, first + scores.shape[0],
                                                len(run.units) - 0.5, -0.5))
     ax.set_yticks(range(len(run.units)))
     ax.set_yticklabels(run.units, fontsize=max(3, 8 - len(run.units) // 16))
     ax.figure.colorbar(image, ax=ax, fraction=0.02)
 
 
-def timeline_figure(run_dir: str):
-    """Per-unit GNMR heatmap and recovery timeline of one run, for W&B / TensorBoard images
-    during training."""
+def timeline_figure(run: RunLog):
+    """Per-unit GNMR heatmap and recovery timeline of one run (or of its recent window), for
+    W&B / TensorBoard images during training."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run = load_run(run_dir)
     height = 0.25 * max(len(run.units), 8) + 1
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(12, 2 * height),
                                          constrained_layout=True)

@@ -140,12 +140,13 @@ class Trainer:
 
     def _log_timeline_image(self, step: int) -> None:
         interval = self.config.logging.image_interval
-        if self.controller is None or not self.run_dir or not is_logging_rank():
+        if self.controller is None or not self.controller.recent or not is_logging_rank():
             return
         if interval and (step % interval == 0 or step == self.config.training.train_iters):
             from megatron_gnmr.observe.report import timeline_figure
 
-            figure = timeline_figure(self.run_dir)
+            name = Path(self.run_dir).name if self.run_dir else "run"
+            figure = timeline_figure(self.controller.recent_run_log(name))
             self.logger.image(step, "gnmr/recovery_timeline", figure)
             figure.clf()
 
