@@ -33,7 +33,10 @@ def _number(text: str) -> float | int:
 
 
 def _base_type(annotation) -> type:
-    """int / float / str / bool out of Optional[...] and friends (schedules are strings)."""
+    """int / float / str / bool out of Optional[...] and friends (schedules are strings);
+    `list[str]` fields are `list` (a flag taking one or more values)."""
+    if typing.get_origin(annotation) is list:
+        return list
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) is typing.Union and len(args) == 1:
         return _base_type(args[0])
@@ -83,6 +86,9 @@ def build_parser(prog: str = "pretrain_llama.py") -> argparse.ArgumentParser:
             if kind is bool:
                 group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
                                    default=argparse.SUPPRESS, help=help_text)
+            elif kind is list:
+                group.add_argument(flag, dest=dest, nargs="+", default=argparse.SUPPRESS,
+                                   metavar="VALUE", help=help_text)
             else:
                 parse = _number if f.name == "max_o" else kind
                 group.add_argument(flag, dest=dest, type=parse, default=argparse.SUPPRESS,
@@ -96,6 +102,12 @@ def _check_yaml_value(path: str, section: str, name: str, value, kind: type, opt
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value) if name != "max_o" else value
     if kind is str and section == "gnmr" and name.endswith("_schedule"):
+        return value
+    if kind is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UserError(f"{path}: {section}.{name} must be a list of strings, got {value!r}")
         return value
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise UserError(

@@ -131,12 +131,23 @@ class MonitorConfig:
     """Measure every N steps."""
     monitor_delta: int = 10
     """Attention: dW spans this many steps (<= --monitor-interval)."""
+    monitor_detector: str = "trend"
+    """Alarm detector: trend (the signal's own recent trend), reference (healthy reference
+    runs' band; implied by --monitor-reference) or online (band of its first checks)."""
+    monitor_reference: list[str] = field(default_factory=list)
+    """Run directories of healthy runs (same model, data, schedule) for the reference band."""
     monitor_band: float = 4.0
-    """Alarm when a signal leaves its baseline mean +- band x std ..."""
-    monitor_patience: int = 3
+    """Alarm when a signal is more than band x its noise from the expected value ..."""
+    monitor_patience: int = 5
     """... for this many consecutive checks."""
     monitor_baseline_samples: int = 16
-    """Checks that form each signal's healthy baseline (after 2 start-up checks)."""
+    """online detector: checks that form each signal's baseline (after 2 start-up checks)."""
+    monitor_trend_window: int = 16
+    """trend detector: checks in the robust line fit."""
+    monitor_trend_horizon: int = 12
+    """trend detector: checks between the end of the fit window and the checked sample."""
+    monitor_reference_smooth: int = 4
+    """reference detector: live and reference signals are trailing means over this many checks."""
     monitor_d3: bool = False
     """Attention: also the second-order term D3 = dA dB^T."""
 

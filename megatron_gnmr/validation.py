@@ -4,8 +4,11 @@ written. Single-field rules live in the config dataclasses themselves."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.monitors.detectors import DETECTORS
 
 
 def validate(config: RunConfig, world_size: int) -> None:
@@ -147,6 +150,22 @@ def validate_monitors(config: RunConfig) -> None:
             monitor.monitor_baseline_samples < 2:
         raise UserError("--monitor-band must be > 0, --monitor-patience >= 1 and "
                         "--monitor-baseline-samples >= 2")
+    if monitor.monitor_detector not in DETECTORS:
+        raise UserError(f"--monitor-detector {monitor.monitor_detector!r}: use one of "
+                        f"{', '.join(DETECTORS)}")
+    if monitor.monitor_detector == "reference" and not monitor.monitor_reference:
+        raise UserError("--monitor-detector reference needs --monitor-reference RUN_DIR ...")
+    if monitor.monitor_detector == "online" and monitor.monitor_reference:
+        raise UserError("--monitor-reference uses the reference detector; drop "
+                        "--monitor-detector online or the references")
+    if monitor.monitor_trend_window < 3 or monitor.monitor_trend_horizon < 0 or \
+            monitor.monitor_reference_smooth < 1:
+        raise UserError("--monitor-trend-window must be >= 3, --monitor-trend-horizon >= 0 "
+                        "and --monitor-reference-smooth >= 1")
+    for run_dir in monitor.monitor_reference:
+        if not (Path(run_dir) / "metrics.jsonl").is_file():
+            raise UserError(f"--monitor-reference {run_dir}: no metrics.jsonl there (a "
+                            "reference is the --save directory of a finished healthy run)")
 
 
 def validate_moe(config: RunConfig, world_size: int) -> None:

@@ -1,97 +1,81 @@
-"""Alarms: an online healthy baseline per signal, and an alarm when the signal leaves its
-band for `patience` consecutive samples (SPEC 7.3).
+"""The alarm book: one detector per monitored signal, alarms returned as events (SPEC 7.3).
 
-The baseline is the mean and standard deviation of a signal's first `baseline_samples`
-samples (after `skip` samples of start-up transient); the band is mean +- `band` x std, with
-the std floored at `min_relative_spread` x |mean| so that a nearly constant signal does not
-alarm on rounding noise. An alarm fires once when the streak reaches `patience`; it can fire
-again after the signal has come back into the band.
-
-False-alarm rate on stationary Gaussian noise (measured, 200 series x 500 samples): 0 with the
-defaults (16 baseline samples, band 4, patience 3); 1.8e-4 per sample with only 8 baseline
-samples, whose std estimate is too noisy. A signal with a trend needs a trend-aware reference
-(see the notes on the D2 signal), not this band.
+Which detector watches a signal is the run's `--monitor-detector` (see
+`monitors/detectors`). With `reference`, a signal the reference runs never logged falls
+back to the trend model, and its events say so (`detector` in every event).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-
-@dataclass
-class SignalBaseline:
-    skip: int
-    baseline_samples: int
-    band: float
-    patience: int
-    min_relative_spread: float = 0.01
-    seen: int = 0
-    total: float = 0.0
-    total_sq: float = 0.0
-    streak: int = 0
-    firing: bool = False
-    alarms: int = 0
-
-    @property
-    def ready(self) -> bool:
-        return self.seen >= self.skip + self.baseline_samples
-
-    @property
-    def mean(self) -> float:
-        return self.total / self.baseline_samples
-
-    @property
-    def spread(self) -> float:
-        variance = max(self.total_sq / self.baseline_samples - self.mean**2, 0.0)
-        return max(math.sqrt(variance), self.min_relative_spread * abs(self.mean))
-
-    def update(self, value: float) -> bool:
-        """Add one sample; True when this sample raises an alarm."""
-        if not math.isfinite(value):
-            outside = True
-        elif not self.ready:
-            self.seen += 1
-            if self.seen > self.skip:
-                self.total += value
-                self.total_sq += value * value
-            return False
-        else:
-            outside = abs(value - self.mean) > self.band * self.spread
-        self.streak = self.streak + 1 if outside else 0
-        if not outside:
-            self.firing = False
-        if self.streak >= self.patience and not self.firing:
-            self.firing = True
-            self.alarms += 1
-            return True
-        return False
+from megatron_gnmr.monitors.detectors import (
+    DETECTORS,
+    OnlineBand,
+    ReferenceBand,
+    ReferenceProfile,
+    TrendModel,
+)
 
 
 @dataclass
 class AlarmBook:
-    """One baseline per (family, signal name); alarms are returned as events."""
-
-    skip: int = 2
-    baseline_samples: int = 16
+    detector: str = "trend"
     band: float = 4.0
-    patience: int = 3
-    signals: dict[str, SignalBaseline] = field(default_factory=dict)
+    patience: int = 5
+    baseline_samples: int = 16
+    trend_window: int = 16
+    trend_horizon: int = 12
+    reference_smooth: int = 4
+    references: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+    """Signal key -> one {step: value} per healthy reference run (`reference` detector)."""
+    signals: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.detector not in DETECTORS:
+            raise ValueError(f"monitor detector must be one of {DETECTORS}, got "
+                             f"{self.detector!r}")
+        self.profiles: dict[str, ReferenceProfile] = {}
+
+    def new_detector(self, key: str):
+        if self.detector == "reference" and self.references.get(key):
+            if key not in self.profiles:
+                self.profiles[key] = ReferenceProfile.from_series(
+                    self.references[key], self.reference_smooth, min_relative_spread=0.01)
+            return ReferenceBand(self.profiles[key], smooth=self.reference_smooth,
+                                 band=self.band, patience=self.patience)
+        if self.detector == "online":
+            return OnlineBand(baseline_samples=self.baseline_samples, band=self.band,
+                              patience=self.patience)
+        return TrendModel(window=self.trend_window, horizon=self.trend_horizon,
+                          band=self.band, patience=self.patience)
 
     def observe(self, step: int, family: str, layer: int | None, name: str,
                 value: float) -> dict | None:
         key = f"{family}/{name}" if layer is None else f"{family}/layer{layer}/{name}"
-        baseline = self.signals.get(key)
-        if baseline is None:
-            baseline = self.signals[key] = SignalBaseline(self.skip, self.baseline_samples,
-                                                          self.band, self.patience)
-        if baseline.update(value):
-            return {"monitor": family, "layer": layer, "signal": name, "value": value,
-                    "baseline_mean": baseline.mean, "baseline_band": self.band * baseline.spread}
-        return None
+        detector = self.signals.get(key)
+        if detector is None:
+            detector = self.signals[key] = self.new_detector(key)
+        alarm = detector.update(step, value)
+        if alarm is None:
+            return None
+        return {"monitor": family, "layer": layer, "signal": name, "value": value,
+                "detector": _kind(detector), **alarm}
 
     def state_dict(self) -> dict:
-        return {key: vars(b).copy() for key, b in self.signals.items()}
+        return {key: {"kind": _kind(d), "state": d.state_dict()}
+                for key, d in self.signals.items()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.signals = {key: SignalBaseline(**values) for key, values in state.items()}
+        self.signals = {}
+        for key, saved in state.items():
+            detector = self.signals[key] = self.new_detector(key)
+            if _kind(detector) != saved["kind"]:
+                raise ValueError(f"monitor state of {key} was written by the {saved['kind']} "
+                                 f"detector, this run uses {_kind(detector)}")
+            detector.load_state_dict(saved["state"])
+
+
+def _kind(detector) -> str:
+    return {OnlineBand: "online", TrendModel: "trend", ReferenceBand: "reference"}[
+        type(detector)]

@@ -11,6 +11,7 @@ never changed by them.
 from __future__ import annotations
 
 from megatron_gnmr.monitors.alarms import AlarmBook
+from megatron_gnmr.monitors.detectors.reference_runs import load_reference_signals
 
 ALARM_SIGNALS = {
     "attention": ("H_D2_mean", "H_dWq", "H_dWk"),
@@ -29,8 +30,14 @@ class MonitorSuite:
         self.attention = AttentionMonitor(model_chunks, config.monitor_d3) \
             if "attention" in families else None
         self.router = RouterMonitor(model_chunks) if "router" in families else None
-        self.alarms = AlarmBook(baseline_samples=config.monitor_baseline_samples,
-                                band=config.monitor_band, patience=config.monitor_patience)
+        references = config.monitor_reference
+        self.alarms = AlarmBook(
+            detector="reference" if references else config.monitor_detector,
+            band=config.monitor_band, patience=config.monitor_patience,
+            baseline_samples=config.monitor_baseline_samples,
+            trend_window=config.monitor_trend_window, trend_horizon=config.monitor_trend_horizon,
+            reference_smooth=config.monitor_reference_smooth,
+            references=load_reference_signals(references) if references else {})
 
     def before_step(self, step: int) -> None:
         """`step` is the 1-based step about to run."""

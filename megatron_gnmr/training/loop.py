@@ -10,6 +10,7 @@ norm pass are off) -> without: megatron's `optimizer.step()` as is -> LR schedul
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from functools import partial
@@ -28,6 +29,7 @@ from megatron_gnmr.controller.units import build_registry, local_unit_modules
 from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
 from megatron_gnmr.errors import RunAborted, UserError
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
+from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention, FaultSchedule
@@ -357,6 +359,14 @@ class Trainer:
             "dp": parallel_state.get_data_parallel_world_size(),
             "gnmr_units": self.controller.registry.num_units if self.controller else 0,
         })
+        if self.run_dir and is_logging_rank():
+            # What this run was, for reference-band checks and for whoever reads it later.
+            (Path(self.run_dir) / "config.json").write_text(
+                json.dumps(self.config.to_dict(), indent=2))
+        references = self.config.monitor.monitor_reference
+        if self.monitors is not None and references:
+            for line in config_mismatches(references, self.config.to_dict()):
+                self.logger.event(self.state.step, "warning", {"reference_mismatch": line})
 
     def close(self) -> None:
         if self.controller is not None:

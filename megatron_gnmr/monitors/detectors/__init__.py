@@ -1,0 +1,20 @@
+"""Alarm detectors for monitor signals: each turns a stream of (step, value) into alarms.
+
+| detector | expected value of a sample | needs |
+|---|---|---|
+| `trend` (default) | a robust line through the signal's own recent past, extrapolated | nothing |
+| `reference` | the band of healthy reference runs at the same step | `--monitor-reference` |
+| `online` | the band of the signal's own first samples (SPEC 7.3 as first built) | nothing |
+
+All share the alarm rule (`Streak`: `--monitor-patience` consecutive samples outside) and
+the band width in noise units (`--monitor-band`). Every detector has `update(step, value)`
+returning the alarm's `expected`/`band` or None, and a `state_dict` for checkpoints.
+"""
+
+from megatron_gnmr.monitors.detectors.online import OnlineBand
+from megatron_gnmr.monitors.detectors.reference import ReferenceBand, ReferenceProfile
+from megatron_gnmr.monitors.detectors.trend import TrendModel
+
+DETECTORS = ("trend", "reference", "online")
+
+__all__ = ["DETECTORS", "OnlineBand", "ReferenceBand", "ReferenceProfile", "TrendModel"]

@@ -1,0 +1,34 @@
+"""The alarm rule every detector shares: `patience` consecutive samples outside, fire once.
+
+An alarm fires when the streak of outside samples reaches `patience`; it can fire again only
+after the signal has come back inside (so a signal that stays out raises one event).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Streak:
+    patience: int
+    streak: int = 0
+    firing: bool = False
+    alarms: int = 0
+
+    def push(self, outside: bool) -> bool:
+        """Record one checked sample; True when it raises an alarm."""
+        self.streak = self.streak + 1 if outside else 0
+        if not outside:
+            self.firing = False
+        if self.streak >= self.patience and not self.firing:
+            self.firing = True
+            self.alarms += 1
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        return vars(self).copy()
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
