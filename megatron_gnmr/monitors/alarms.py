@@ -17,6 +17,12 @@ from megatron_gnmr.monitors.detectors import (
     TrendModel,
 )
 
+# The signals each family's alarms watch (the others are logged for context only).
+ALARM_SIGNALS = {
+    "attention": ("H_D2_mean", "H_dWq", "H_dWk"),
+    "router": ("entropy_mean", "weight_similarity", "load_max_over_mean"),
+}
+
 
 @dataclass
 class AlarmBook:

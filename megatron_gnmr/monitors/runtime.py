@@ -10,13 +10,8 @@ never changed by them.
 
 from __future__ import annotations
 
-from megatron_gnmr.monitors.alarms import AlarmBook
+from megatron_gnmr.monitors.alarms import ALARM_SIGNALS, AlarmBook
 from megatron_gnmr.monitors.detectors.reference_runs import load_reference_signals
-
-ALARM_SIGNALS = {
-    "attention": ("H_D2_mean", "H_dWq", "H_dWk"),
-    "router": ("entropy_mean", "weight_similarity", "load_max_over_mean"),
-}
 
 
 class MonitorSuite:

@@ -1,5 +1,9 @@
 """Reading healthy reference runs for the reference band: their signals and their configs.
 
+A run's signals are the alarm-watched monitor values of its `metrics.jsonl`, in log order,
+plus the training loss averaged over each check interval (`LOSS_KEY`), so "the loss's own
+band" can be judged by the same detectors as the mechanism signals.
+
 A reference is only meaningful for the same model, data and schedule, so each reference's
 `config.json` (written by every run) is compared with the live run's on the fields that
 shape the signals; differences are warnings (the user may know better), a missing or
@@ -9,12 +13,15 @@ unreadable run directory is an error naming it.
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.monitors.alarms import ALARM_SIGNALS
 from megatron_gnmr.observe.report import read_jsonl
 
-MONITOR_PREFIX = "monitor/"
+LOSS_KEY = "loss/train_loss"
 
 # The config fields that must agree for a reference run's signals to be comparable.
 COMPARED_FIELDS = {
@@ -34,18 +41,46 @@ def _metrics_path(run_dir: str) -> Path:
     return path
 
 
+def monitor_series(records: list[dict]) -> list[tuple[int, str, int | None, str, float]]:
+    """(step, family, layer, name, value) of every alarm-watched monitor value, in log order,
+    plus the training loss averaged over each check interval."""
+    out, losses = [], []
+    for record in records:
+        if "train/loss" in record:
+            loss = record["train/loss"]
+            losses.append(loss if isinstance(loss, (int, float)) else math.nan)
+        checked = False
+        for key, value in record.items():
+            if not key.startswith("monitor/"):
+                continue
+            family, layer, name = key.split("/")[1:]
+            if name in ALARM_SIGNALS.get(family, ()):
+                number = value if isinstance(value, (int, float)) else math.nan
+                out.append((record["step"], family, int(layer.removeprefix("layer")), name,
+                            float(number)))
+                checked = True
+        if checked and losses:
+            out.append((record["step"], "loss", None, "train_loss", statistics.fmean(losses)))
+            losses = []
+    return out
+
+
+def signals_by_key(runs: list[list[dict]]) -> dict[str, list[dict[int, float]]]:
+    """Signal key -> one {step: value} per run, from already-read runs (loss included)."""
+    signals: dict[str, list[dict[int, float]]] = {}
+    for index, records in enumerate(runs):
+        for step, family, layer, name, value in monitor_series(records):
+            key = f"{family}/{name}" if layer is None else f"{family}/layer{layer}/{name}"
+            series = signals.setdefault(key, [])
+            while len(series) <= index:
+                series.append({})
+            series[index][step] = value
+    return signals
+
+
 def load_reference_signals(run_dirs: list[str]) -> dict[str, list[dict[int, float]]]:
     """signal key ('attention/layer0/H_D2_mean') -> one {step: value} per reference run."""
-    signals: dict[str, list[dict[int, float]]] = {}
-    for index, run_dir in enumerate(run_dirs):
-        for record in read_jsonl(_metrics_path(run_dir)):
-            for key, value in record.items():
-                if key.startswith(MONITOR_PREFIX) and isinstance(value, (int, float)):
-                    series = signals.setdefault(key[len(MONITOR_PREFIX):], [])
-                    while len(series) <= index:
-                        series.append({})
-                    series[index][record["step"]] = float(value)
-    return signals
+    return signals_by_key([read_jsonl(_metrics_path(run_dir)) for run_dir in run_dirs])
 
 
 def config_mismatches(run_dirs: list[str], live: dict) -> list[str]:
