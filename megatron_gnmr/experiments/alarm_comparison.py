@@ -26,7 +26,6 @@ from megatron_gnmr.experiments.alarm_replay import replay_alarms
 from megatron_gnmr.experiments.scenario import Scenario, load_scenario
 from megatron_gnmr.experiments.tables import divergence_step
 from megatron_gnmr.monitors.alarms import AlarmBook
-from megatron_gnmr.monitors.detectors import DETECTORS
 from megatron_gnmr.monitors.detectors.reference_runs import signals_by_key
 from megatron_gnmr.observe.report import read_jsonl
 
@@ -38,6 +37,16 @@ GROUPS = {
     "router weights": ("router", ("weight_similarity",)),
     "expert load": ("router", ("load_max_over_mean",)),
     "loss": ("loss", ("train_loss",)),
+}
+
+
+# The detectors compared: the three of `--monitor-detector`, and the trend model on a
+# linear step axis (what the log axis is chosen over).
+DETECTORS = {
+    "trend": {"detector": "trend"},
+    "trend-linear": {"detector": "trend", "trend_axis": "linear"},
+    "reference": {"detector": "reference"},
+    "online": {"detector": "online"},
 }
 
 
@@ -69,12 +78,11 @@ def compare(scenario: Scenario, out: Path, smoke: bool = False) -> dict:
                "fault_start": None if variant == healthy else
                fault_start(scenario.variants[variant]),
                "divergence": divergence_step(records), "alarms": {}}
-        for detector in DETECTORS:
+        for detector, settings in DETECTORS.items():
             references = {}
             if detector == "reference":
                 references = signals_by_key([runs[(healthy, s)] for s in seeds if s != seed])
-            events = replay_alarms(records, AlarmBook(detector=detector,
-                                                      references=references))
+            events = replay_alarms(records, AlarmBook(**settings, references=references))
             first = {group: None for group in GROUPS if group in groups_present}
             for event in events:
                 group = _group_of(event["key"])
@@ -129,8 +137,8 @@ def _cell(row: dict, step: int | None) -> str:
 def write_markdown(result: dict, out: Path) -> str:
     groups = [g for g in GROUPS if any(g in r["alarms"]["trend"] for r in result["rows"])]
     lines = [f"# Alarm detectors on {result['scenario']}", "",
-             "First alarm step per run, signal group and detector (trend / reference / "
-             "online); in brackets the lead over divergence (+: alarm first), or `false` for an "
+             "First alarm step per run, signal group and detector ("
+             + " / ".join(DETECTORS) + "); in brackets the lead over divergence (+: alarm first), or `false` for an "
              f"alarm in a healthy (`{result['healthy']}`) run or before a mid-run fault.", "",
              "| run | fault from | divergence | " + " | ".join(groups) + " |",
              "|---|---|---|" + "---|" * len(groups)]
@@ -143,7 +151,7 @@ def write_markdown(result: dict, out: Path) -> str:
     lines += ["", "| detector | signal | false alarms (runs) | diverged runs alarmed first "
               "| median lead (steps) |", "|---|---|---|---|---|"]
     for key, s in result["summary"].items():
-        detector, group = key.split("/")
+        detector, group = key.split("/", 1)
         lead = "-" if s["median_lead"] is None else f"{s['median_lead']:.0f}"
         lines.append(f"| {detector} | {group} | {s['false_alarm_runs']} of {s['runs']} "
                      f"| {s['alarmed_before_divergence']} of {s['diverged_runs']} | {lead} |")

@@ -23,6 +23,15 @@ ALARM_SIGNALS = {
     "router": ("entropy_mean", "weight_similarity", "load_max_over_mean"),
 }
 
+# The side on which each signal fails (SPEC 7): update spectra collapse (entropy falls),
+# routing collapses (entropy falls, router rows align, load concentrates), loss rises.
+# A healthy run drifting the other way is not an alarm.
+FAILURE_DIRECTION = {
+    "H_D2_mean": -1, "H_dWq": -1, "H_dWk": -1,
+    "entropy_mean": -1, "weight_similarity": +1, "load_max_over_mean": +1,
+    "train_loss": +1,
+}
+
 
 @dataclass
 class AlarmBook:
@@ -32,7 +41,10 @@ class AlarmBook:
     baseline_samples: int = 16
     trend_window: int = 16
     trend_horizon: int = 12
+    trend_axis: str = "log"
     reference_smooth: int = 4
+    one_sided: bool = True
+    """Alarm only on a signal's failure side (`FAILURE_DIRECTION`); False: both sides."""
     references: dict[str, list[dict[int, float]]] = field(default_factory=dict)
     """Signal key -> one {step: value} per healthy reference run (`reference` detector)."""
     signals: dict = field(default_factory=dict)
@@ -44,17 +56,18 @@ class AlarmBook:
         self.profiles: dict[str, ReferenceProfile] = {}
 
     def new_detector(self, key: str):
+        shared = {"band": self.band, "patience": self.patience,
+                  "direction": FAILURE_DIRECTION.get(key.split("/")[-1], 0)
+                  if self.one_sided else 0}
         if self.detector == "reference" and self.references.get(key):
             if key not in self.profiles:
                 self.profiles[key] = ReferenceProfile.from_series(
                     self.references[key], self.reference_smooth, min_relative_spread=0.01)
-            return ReferenceBand(self.profiles[key], smooth=self.reference_smooth,
-                                 band=self.band, patience=self.patience)
+            return ReferenceBand(self.profiles[key], smooth=self.reference_smooth, **shared)
         if self.detector == "online":
-            return OnlineBand(baseline_samples=self.baseline_samples, band=self.band,
-                              patience=self.patience)
+            return OnlineBand(baseline_samples=self.baseline_samples, **shared)
         return TrendModel(window=self.trend_window, horizon=self.trend_horizon,
-                          band=self.band, patience=self.patience)
+                          axis=self.trend_axis, **shared)
 
     def observe(self, step: int, family: str, layer: int | None, name: str,
                 value: float) -> dict | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from megatron_gnmr.monitors.detectors.streak import Streak
+from megatron_gnmr.monitors.detectors.streak import Streak, beyond
 
 
 @dataclass
@@ -27,6 +27,8 @@ class OnlineBand:
     band: float = 4.0
     patience: int = 5
     min_relative_spread: float = 0.01
+    direction: int = 0
+    """+1 / -1: only a deviation above / below the baseline counts; 0: both."""
     seen: int = 0
     total: float = 0.0
     total_sq: float = 0.0
@@ -59,7 +61,8 @@ class OnlineBand:
             return None
         if not self.ready:  # a non-finite value before the band exists is still outside
             return {"expected": None, "band": None} if self.rule.push(True) else None
-        outside = not math.isfinite(value) or abs(value - self.mean) > self.band * self.spread
+        outside = not math.isfinite(value) or \
+            beyond(value, self.mean, self.band * self.spread, self.direction)
         if self.rule.push(outside):
             return {"expected": self.mean, "band": self.band * self.spread}
         return None

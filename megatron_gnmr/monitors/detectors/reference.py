@@ -9,10 +9,12 @@ Rule, per signal and check step s:
   - live and reference series are smoothed the same way: the trailing mean of their last
     `smooth` samples;
   - expected = mean over the references at s; spread = the largest of: the std across
-    references (ddof 1; with few references it can be small by chance), the references'
+    references at s (ddof 1), its median over all steps (with two or three references the
+    std at one step can be small by chance; seed-to-seed offsets persist), the references'
     own sample-to-sample noise (1.4826 x MAD of first differences / sqrt(2 x smooth)), and
     `min_relative_spread` x |expected|;
-  - outside when |live - expected| > band x spread (a non-finite value is outside);
+  - outside when live - expected is beyond band x spread on the watched side (`direction`;
+    a non-finite value is outside);
   - alarm after `patience` consecutive outside checks. Steps no reference logged are not
     checked, nor the first `skip` samples (start-up transients differ by seed).
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from megatron_gnmr.monitors.detectors.streak import Streak
+from megatron_gnmr.monitors.detectors.streak import Streak, beyond
 from megatron_gnmr.monitors.detectors.trend import MAD_TO_STD
 
 
@@ -62,12 +64,14 @@ class ReferenceProfile:
             smoothed.append(dict(zip(steps, trailing_mean(values, smooth))))
             noises.append(sample_noise(values) / math.sqrt(smooth))
         noise = float(np.median(noises)) if noises else 0.0
-        mean, spread = {}, {}
+        mean, across = {}, {}
         for step in sorted(set().union(*smoothed)):
             at_step = np.array([s[step] for s in smoothed if step in s])
             mean[step] = float(at_step.mean())
-            across = float(at_step.std(ddof=1)) if len(at_step) > 1 else 0.0
-            spread[step] = max(across, noise, min_relative_spread * abs(mean[step]))
+            across[step] = float(at_step.std(ddof=1)) if len(at_step) > 1 else 0.0
+        typical = float(np.median(list(across.values()))) if across else 0.0
+        spread = {step: max(across[step], typical, noise, min_relative_spread * abs(mean[step]))
+                  for step in mean}
         return cls(mean, spread)
 
 
@@ -78,6 +82,8 @@ class ReferenceBand:
     smooth: int = 4
     band: float = 4.0
     patience: int = 5
+    direction: int = 0
+    """+1 / -1: only a deviation above / below the references counts; 0: both."""
     seen: int = 0
     recent: deque = field(default=None)
     rule: Streak = field(default=None)
@@ -98,7 +104,7 @@ class ReferenceBand:
             return None
         expected, spread = self.profile.mean[step], self.profile.spread[step]
         live = float(np.mean(self.recent)) if self.recent else math.nan
-        outside = not finite or not abs(live - expected) <= self.band * spread
+        outside = not finite or beyond(live, expected, self.band * spread, self.direction)
         if self.rule.push(outside):
             return {"expected": expected, "band": self.band * spread}
         return None

@@ -1,4 +1,5 @@
-"""The alarm rule every detector shares: `patience` consecutive samples outside, fire once.
+"""The alarm rule every detector shares: `patience` consecutive samples outside, fire once;
+and what "outside" means on a signal whose failure has a known direction.
 
 An alarm fires when the streak of outside samples reaches `patience`; it can fire again only
 after the signal has come back inside (so a signal that stays out raises one event).
@@ -7,6 +8,17 @@ after the signal has come back inside (so a signal that stays out raises one eve
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+def beyond(value: float, expected: float, allowed: float, direction: int) -> bool:
+    """Is `value` more than `allowed` away from `expected` on the watched side?
+    direction +1: only above counts, -1: only below, 0: either side."""
+    deviation = value - expected
+    if direction:
+        deviation *= direction
+    else:
+        deviation = abs(deviation)
+    return not deviation <= allowed  # NaN counts as beyond
 
 
 @dataclass
