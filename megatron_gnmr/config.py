@@ -207,6 +207,20 @@ class GNMRRunConfig(GNMRConfig):
     """Every N steps all ranks check they hold the same controller state (0: never)."""
     max_nonfinite_steps: int = 10
     """Stop the run after this many consecutive steps with non-finite gradients."""
+    signals: str = "gnmr"
+    """Risk signals, comma list (a unit's risk is the max of their scores): gnmr, qerr, monitor;
+    baselines random, static, oracle (see controller/signals.py)."""
+    measure: str = ""
+    """Probed signals to measure and trace without acting on them (qerr, oracle), for replay."""
+    qerr_ratio: float = 1.5
+    """qerr: a unit is risky when its quantization error exceeds this x its baseline."""
+    qerr_baseline: str = "history"
+    """qerr baseline: history (the unit's own running mean, like GNMR) or peers (this step's
+    median over units)."""
+    static_units: str = r"mlp\.(experts\.\d+\.)?linear_fc2$"
+    """static baseline: regex of the units it recovers."""
+    selection_seed: int = 0
+    """random baseline: seed of its draws."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -218,6 +232,25 @@ class GNMRRunConfig(GNMRConfig):
         for name in ("trace_interval", "agreement_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"gnmr.{name} must be >= 0, got {getattr(self, name)}")
+        from megatron_gnmr.controller.signals import PROBED, QERR_BASELINES, parse_signals
+
+        parse_signals(self.signals)
+        unknown = set(filter(None, self.measure.split(","))) - set(PROBED)
+        if unknown:
+            raise ValueError(f"gnmr.measure: {', '.join(sorted(unknown))} cannot be measured; "
+                             f"use {', '.join(PROBED)}")
+        if self.qerr_baseline not in QERR_BASELINES:
+            raise ValueError(f"gnmr.qerr_baseline must be one of {QERR_BASELINES}, got "
+                             f"{self.qerr_baseline!r}")
+        if not self.qerr_ratio > 0:
+            raise ValueError(f"gnmr.qerr_ratio must be > 0, got {self.qerr_ratio}")
+
+    def probed(self) -> tuple[str, ...]:
+        """The probe measurements this run needs (to act on or to trace)."""
+        from megatron_gnmr.controller.signals import PROBED, parse_signals
+
+        wanted = set(parse_signals(self.signals)) | set(filter(None, self.measure.split(",")))
+        return tuple(p for p in PROBED if p in wanted)
 
     def policy_config(self) -> GNMRConfig:
         names = [f.name for f in dataclasses.fields(GNMRConfig)]

@@ -149,8 +149,10 @@ def count_parameters(model_chunks: list[torch.nn.Module]) -> int:
     return sum(p.numel() for chunk in model_chunks for p in chunk.parameters())
 
 
-def bind_precision(unit_modules: dict[str, torch.nn.Module], config: RunConfig, plan) -> None:
-    """Tell every unit linear its name and the runtime that picks its path per step."""
+def bind_precision(unit_modules: dict[str, torch.nn.Module], config: RunConfig, plan,
+                   probes=None) -> None:
+    """Tell every unit linear its name and the runtime that picks its path per step (and
+    measures its low path, with `probes`)."""
     from megatron_gnmr.precision.plan import PrecisionRuntime
 
     if config.precision.precision_recipe == "te-fp8":
@@ -161,7 +163,7 @@ def bind_precision(unit_modules: dict[str, torch.nn.Module], config: RunConfig, 
     recipe = build_recipe(config.precision)
     if recipe is None:
         return
-    runtime = PrecisionRuntime(recipe, plan)
+    runtime = PrecisionRuntime(recipe, plan, probes)
     for name, module in unit_modules.items():
         module.unit_name = name
         module.precision_runtime = runtime

@@ -91,6 +91,7 @@ def validate(config: RunConfig, world_size: int) -> None:
         from megatron_gnmr.controller.units import eligible_unit_names
 
         eligible_unit_names(m.num_layers, config.gnmr.units, m.num_experts)  # raises if empty
+        validate_signals(config)
     if t.save is None and t.save_interval:
         raise UserError("--save-interval needs --save DIR")
     if t.resume not in (None, "auto"):
@@ -102,6 +103,20 @@ def validate(config: RunConfig, world_size: int) -> None:
                         f"--train-iters {t.train_iters}")
     if t.min_lr > t.lr:
         raise UserError(f"--min-lr {t.min_lr} must not exceed --lr {t.lr}")
+
+
+def validate_signals(config: RunConfig) -> None:
+    gnmr, recipe = config.gnmr, config.precision.precision_recipe
+    probed = gnmr.probed()
+    if probed and recipe in ("none", "te-fp8"):
+        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} measure the "
+                        "emulated low-cost path; use --precision-recipe act-quant, "
+                        f"fp8-emulated or deepseek (not {recipe})")
+    if probed and config.parallel.expert_model_parallel_size > 1:
+        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} are not supported "
+                        "with --expert-model-parallel-size > 1 yet")
+    if "monitor" in gnmr.signals.split(",") and not config.monitor.monitors:
+        raise UserError("--gnmr-signals monitor needs --monitors attention and/or router")
 
 
 def validate_precision(config: RunConfig) -> None:

@@ -38,6 +38,10 @@ class GNMRConfig:
     """Decision steps during which nothing is risky but non-finite norms (>= delta + 1)."""
     eps: float = 1e-12
     """Guard for zero denominators: x / max(den, eps)."""
+    budget_rate: float = 0.0
+    """Recovery budget as a share of unit-steps (0: none beyond max_o): a token bucket gains
+    budget_rate x units per step (holding at most max_o) and each selected unit spends one,
+    so rules compared at one budget_rate spend at most the same unit-steps."""
     alpha_schedule: Sequence = field(default=())
     """Optional piecewise-constant schedule for alpha: ((from_step, alpha), ...) or "1:3,500:2"."""
     beta_schedule: Sequence = field(default=())
@@ -71,6 +75,8 @@ class GNMRConfig:
             )
         if not (isinstance(self.eps, (int, float)) and self.eps > 0):
             raise ValueError(f"gnmr.eps must be > 0, got {self.eps!r}")
+        if not (isinstance(self.budget_rate, (int, float)) and 0 <= self.budget_rate <= 1):
+            raise ValueError(f"gnmr.budget_rate must be in [0, 1], got {self.budget_rate!r}")
         self.budget(1)  # validates max_o
 
     def budget(self, num_units: int) -> int:

@@ -31,16 +31,26 @@ from megatron_gnmr.controller.units import UnitRegistry
 class StepGradStats:
     unit_norms: np.ndarray  # float64 [num_units], on the true gradient scale
     total_norm: float  # global L2 norm of all gradients (units and the rest)
+    probe_sums: np.ndarray | None = None  # [num_units, probes.SLOTS] sums over all ranks
 
 
 class GradStats:
     def __init__(self, registry: UnitRegistry, model_chunks: list[torch.nn.Module],
                  group: torch.distributed.ProcessGroup | None = None,
-                 expert_parallel: bool = False):
+                 expert_parallel: bool = False, probes=None):
         self.num_units = registry.num_units
+        self.probes = probes
+        # Probe sums differ across data-parallel ranks (each saw its own micro-batches), so
+        # with probes the one all-reduce spans the world and the (identical) gradient norms
+        # are contributed by data-parallel rank 0 only.
+        self.norms_here = probes is None or parallel_state.get_data_parallel_rank() == 0
         if group is None:
-            group = parallel_state.get_expert_tensor_model_pipeline_parallel_group() \
-                if expert_parallel else parallel_state.get_model_parallel_group()
+            if probes is not None:
+                group = torch.distributed.group.WORLD
+            elif expert_parallel:
+                group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+            else:
+                group = parallel_state.get_model_parallel_group()
         self.group = group
         unit_of = {id(p): u for u in range(self.num_units) for p in registry.local_parameters(u)}
         self.all_params = [p for chunk in model_chunks for p in chunk.parameters()
@@ -54,16 +64,23 @@ class GradStats:
 
     @torch.no_grad()
     def compute(self, loss_scale: float = 1.0) -> StepGradStats:
-        grads = [_grad(p) for p in self.params]
+        grads = [_grad(p) for p in self.params] if self.norms_here else []
         squared = torch.zeros(self.num_units + 1, dtype=torch.float32)
         if grads:
             norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g
                                          for g in grads])
             squared.index_add_(0, self.slots.to(squared.device), torch.stack(norms).square())
-        torch.distributed.all_reduce(squared, group=self.group)
+        if self.probes is None:
+            torch.distributed.all_reduce(squared, group=self.group)
+            probe_sums = None
+        else:
+            both = torch.cat([squared.double(), self.probes.take().to(squared.device)])
+            torch.distributed.all_reduce(both, group=self.group)
+            squared, probe_sums = both[: self.num_units + 1], both[self.num_units + 1:]
+            probe_sums = probe_sums.reshape(self.num_units, -1).cpu().numpy()
         squared = squared.double() / (loss_scale**2)
         return StepGradStats(unit_norms=squared[:-1].sqrt().numpy(),
-                             total_norm=float(squared.sum().sqrt()))
+                             total_norm=float(squared.sum().sqrt()), probe_sums=probe_sums)
 
     @torch.no_grad()
     def clip_(self, total_norm: float, max_norm: float) -> float:

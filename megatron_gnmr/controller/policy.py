@@ -59,9 +59,22 @@ class GNMRPolicy:
         self.risky_unit_steps = 0
         self.switches = 0
         self._recovery = np.zeros(n, dtype=bool)
+        self.tokens = 0.0  # the budget_rate bucket
 
-    def step(self, norms) -> Decision:
-        """Score this step's per-unit gradient norms and choose the next recovery set."""
+    def _affordable(self) -> int:
+        """Units this step may select: max_o, and with a budget_rate the bucket's tokens."""
+        if not self.config.budget_rate:
+            return self.max_o
+        self.tokens = min(self.tokens + self.config.budget_rate * self.num_units,
+                          float(self.max_o))
+        return min(self.max_o, int(self.tokens + 1e-9))
+
+    def step(self, norms, other_risk=None, use_gnmr: bool = True) -> Decision:
+        """Score this step's per-unit gradient norms and choose the next recovery set.
+
+        `other_risk`: per-unit scores of other risk signals (`controller/signals.py`), already
+        normalised so that > 1 is risky; a unit's risk is the max of its scores. Without
+        `use_gnmr` the GNMR scores are computed (and traced) but do not decide."""
         norms = self._as_vector(norms)
         cfg, eps = self.config, self.config.eps
         self.t += 1
@@ -84,6 +97,12 @@ class GNMRPolicy:
                 np.where(np.isnan(scores), -np.inf, scores), axis=0))
 
         risky = (gnmr > alpha) | (delta_gnmr > beta)  # NaN compares False: undefined is safe
+        if not use_gnmr:
+            risk, risky = np.full(self.num_units, -np.inf), np.zeros(self.num_units, dtype=bool)
+        if other_risk is not None:
+            other = np.nan_to_num(np.asarray(other_risk, dtype=np.float64), nan=-np.inf)
+            risk = np.maximum(risk, other)
+            risky |= other > 1.0
         if t <= cfg.warmup:
             risky[:] = False
         risky |= ~finite
@@ -93,7 +112,8 @@ class GNMRPolicy:
         candidates = np.flatnonzero(pool)
         # Highest risk first; ties to the lower canonical index (lexsort: last key primary).
         order = candidates[np.lexsort((candidates, -risk[candidates]))]
-        selected = np.sort(order[: self.max_o])
+        selected = np.sort(order[: self._affordable()])
+        self.tokens -= selected.size
 
         in_selection = np.zeros(self.num_units, dtype=bool)
         in_selection[selected] = True
@@ -159,10 +179,11 @@ class GNMRPolicy:
 
     _ARRAYS = ("norm_sum", "norm_count", "gnmr_ring", "gnmr_count", "locks", "_recovery")
     _COUNTERS = ("t", "eligible_unit_steps", "recovery_unit_steps", "risky_unit_steps", "switches")
+    _FLOATS = ("tokens",)
 
     def state_dict(self) -> dict:
         state = {name: getattr(self, name).copy() for name in self._ARRAYS}
-        state.update({name: getattr(self, name) for name in self._COUNTERS})
+        state.update({name: getattr(self, name) for name in self._COUNTERS + self._FLOATS})
         state["num_units"] = self.num_units
         state["delta"] = self.config.delta
         return state
@@ -178,3 +199,5 @@ class GNMRPolicy:
             setattr(self, name, np.array(state[name], copy=True))
         for name in self._COUNTERS:
             setattr(self, name, int(state[name]))
+        for name in self._FLOATS:
+            setattr(self, name, float(state.get(name, 0.0)))

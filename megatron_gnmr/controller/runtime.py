@@ -1,8 +1,10 @@
 """The controller inside a training run: statistics -> policy -> next step's plan.
 
 `Controller.observe` is called once per optimizer step, after the gradients are reduced and
-before the optimizer step. It owns the one all-reduce of the statistics (`GradStats`), the
-pure policy, the `PrecisionPlan` the precision backends read, and the trace.
+before the optimizer step. It owns the one all-reduce of the statistics (`GradStats`: norms
+and, when signals need them, the precision probes' sums), the other risk signals
+(`SignalScores`), the pure policy, the `PrecisionPlan` the precision backends read, and the
+trace.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from megatron_gnmr.config import GNMRRunConfig
 from megatron_gnmr.controller.grad_stats import GradStats, StepGradStats
 from megatron_gnmr.controller.policy import Decision, GNMRPolicy
+from megatron_gnmr.controller.signals import SignalScores, parse_signals, relative_errors
 from megatron_gnmr.controller.trace import TraceWriter
 from megatron_gnmr.controller.units import UnitRegistry
 from megatron_gnmr.errors import RunAborted
@@ -33,11 +36,16 @@ class ControllerDisagreement(RunAborted):
 class Controller:
     def __init__(self, config: GNMRRunConfig, registry: UnitRegistry,
                  model_chunks: list[torch.nn.Module], plan: PrecisionPlan, group=None,
-                 expert_parallel: bool = False):
+                 expert_parallel: bool = False, probes=None, seed: int = 0):
         self.config = config
         self.registry = registry
-        self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel)
+        self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes)
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
+        self.signals = parse_signals(config.signals)
+        self.signal_scores = SignalScores(self.signals, registry.names, config.qerr_ratio,
+                                          config.qerr_baseline, config.static_units,
+                                          config.selection_seed + seed)
+        self.firing: set[tuple[str, int]] = set()  # (monitor family, layer) alarms firing
         self.plan = plan
         self.trace: TraceWriter | None = None
         # The last steps' scores and decisions, for the images logged during training
@@ -50,12 +58,21 @@ class Controller:
 
     def observe(self, stats: StepGradStats, step: int) -> Decision:
         """Decide the recovery set for step `step + 1` from step `step`'s statistics."""
-        decision = self.policy.step(stats.unit_norms)
+        measured = {}
+        if stats.probe_sums is not None:
+            qerr, oracle = relative_errors(stats.probe_sums)
+            measured = {name: values for name, values in (("qerr", qerr), ("oracle", oracle))
+                        if name in self.config.probed()}
+        scores = self.signal_scores.scores(measured.get("qerr"), measured.get("oracle"),
+                                           self.firing)
+        decision = self.policy.step(stats.unit_norms, self.signal_scores.combined(scores),
+                                    use_gnmr="gnmr" in self.signals)
         self.plan.advance([self.registry.names[u] for u in decision.recovery], step + 1)
         self.recent.append((step, decision.gnmr.copy(), decision.recovery))
         interval = self.config.trace_interval
         if self.trace is not None and interval and step % interval == 0:
-            self.trace.write(decision)
+            self.trace.write(decision, {**measured, **({"monitor": scores["monitor"]}
+                                                        if "monitor" in scores else {})})
         return decision
 
     def verify_agreement(self, step: int) -> None:
@@ -112,11 +129,15 @@ class Controller:
         }
 
     def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict(), "plan": self.plan.state_dict()}
+        return {"policy": self.policy.state_dict(), "plan": self.plan.state_dict(),
+                "signals": self.signal_scores.state_dict(), "firing": sorted(self.firing)}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.plan.load_state_dict(state["plan"])
+        if "signals" in state:
+            self.signal_scores.load_state_dict(state["signals"])
+            self.firing = {tuple(f) for f in state["firing"]}
 
     def close(self) -> None:
         if self.trace is not None:

@@ -48,9 +48,13 @@ class TraceWriter:
                       "config": dataclasses.asdict(config)}
             self.file.write(json.dumps(header) + "\n")
 
-    def write(self, decision: Decision) -> None:
+    def write(self, decision: Decision, signals: dict | None = None) -> None:
+        """One step: the norms, the decided set, and the raw per-unit values of the other
+        measured signals (qerr, oracle errors; monitor scores) so replay can use them."""
         record = {"step": decision.step, "norms": [_encode(v) for v in decision.norms.tolist()],
                   "recovery": list(decision.recovery)}
+        for name, values in (signals or {}).items():
+            record[name] = [_encode(v) for v in np.asarray(values, dtype=np.float64).tolist()]
         self.file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
@@ -76,6 +80,8 @@ class Trace:
     steps: list[int]
     norms: np.ndarray  # [steps, units]
     recovery: list[tuple[int, ...]]
+    signals: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """Other recorded per-unit values ([steps, units]): qerr, oracle, monitor."""
 
 
 def read_trace(path: str) -> Trace:
@@ -83,6 +89,7 @@ def read_trace(path: str) -> Trace:
     if not file.is_file():
         raise UserError(f"trace {path}: no such file (it is gnmr_trace.jsonl in a run directory)")
     header, steps, norms, recovery = None, [], [], []
+    signals: dict[str, list] = {}
     for number, line in enumerate(file.read_text().splitlines(), start=1):
         try:
             record = json.loads(line)
@@ -96,11 +103,16 @@ def read_trace(path: str) -> Trace:
         steps.append(record["step"])
         norms.append([_decode(v) for v in record["norms"]])
         recovery.append(tuple(record["recovery"]))
+        for name in ("qerr", "oracle", "monitor"):
+            if name in record:
+                signals.setdefault(name, []).append([_decode(v) for v in record[name]])
     if header is None:
         raise UserError(f"trace {path}: no header line (not a gnmr_trace.jsonl?)")
+    units = len(header["units"])
     return Trace(header["units"], header["config"], steps,
-                 np.asarray(norms, dtype=np.float64).reshape(len(steps), len(header["units"])),
-                 recovery)
+                 np.asarray(norms, dtype=np.float64).reshape(len(steps), units), recovery,
+                 {name: np.asarray(rows, dtype=np.float64).reshape(-1, units)
+                  for name, rows in signals.items() if len(rows) == len(steps)})
 
 
 def iter_gaps(steps: list[int]) -> Iterator[int]:

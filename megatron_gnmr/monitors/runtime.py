@@ -60,6 +60,15 @@ class MonitorSuite:
             self.attention.snapshot()
         return metrics, events
 
+    def firing(self) -> set[tuple[str, int]]:
+        """(family, layer) of every layer alarm that is firing now (signal still outside)."""
+        out = set()
+        for key, detector in self.alarms.signals.items():
+            family, layer = key.split("/")[:2]
+            if detector.rule.firing and layer.startswith("layer"):
+                out.add((family, int(layer.removeprefix("layer"))))
+        return out
+
     def state_dict(self) -> dict:
         return {"alarms": self.alarms.state_dict(),
                 "attention": self.attention.state_dict() if self.attention else None}

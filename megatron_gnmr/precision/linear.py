@@ -3,7 +3,9 @@
 Built through the layer `ModuleSpec` (`emulated_layer_spec`), so the transformer layer is
 not forked. Each unit's linear is bound to the run's `PrecisionRuntime` after the model is
 built; on every forward it asks which path its unit runs in this step. An exact path (the
-recovery path of a BF16-recovery recipe) calls megatron's own `_forward_impl` untouched.
+recovery path of a BF16-recovery recipe) calls megatron's own `_forward_impl` untouched,
+unless the unit is probed (`precision/probes.py`): then the exact GEMMs run in the emulated
+function, which can measure the low path alongside.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ class _PathRoutedLinear:
     def _forward_impl(self, input, weight, *args, **kwargs):
         runtime = self.precision_runtime
         path = runtime.path_for(self.unit_name) if runtime is not None else None
-        if path is None or path.is_exact:
+        probe = runtime.probe_for(self.unit_name) if runtime is not None else None
+        if path is None or (path.is_exact and probe is None):
             return super()._forward_impl(input, weight, *args, **kwargs)
         if kwargs.get("sequence_parallel"):
             raise NotImplementedError("emulated precision paths do not support sequence "
                                       "parallelism")
         return emulated_linear(input, weight, kwargs.get("bias"), path,
-                               bool(kwargs.get("allreduce_dgrad")), self.tp_group)
+                               bool(kwargs.get("allreduce_dgrad")), self.tp_group, probe)
 
 
 class EmulatedColumnParallelLinear(_PathRoutedLinear, ColumnParallelLinear):

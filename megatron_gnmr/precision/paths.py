@@ -41,19 +41,23 @@ def _maybe(x: torch.Tensor, spec: QuantSpec | None, group) -> torch.Tensor:
 
 class EmulatedLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group):
+    def forward(ctx, x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group,
+                probe=None):
         x_q = _maybe(x, path.input, tp_group)
         w_q = _maybe(weight, path.weight, tp_group)
         saved = x_q if path.saved_input is None else _maybe(x, path.saved_input, tp_group)
-        ctx.save_for_backward(saved, w_q)
+        if probe is not None:  # measures only: nothing below reads what it computes
+            probe.forward_operands(x, weight, path, x_q, w_q, saved, tp_group)
+        keep_exact = probe is not None and probe.oracle
+        ctx.save_for_backward(saved, w_q, x if keep_exact else None)
         ctx.path, ctx.allreduce_dgrad, ctx.tp_group = path, allreduce_dgrad, tp_group
-        ctx.has_bias = bias is not None
+        ctx.has_bias, ctx.probe = bias is not None, probe
         out = torch.matmul(x_q, w_q.t())
         return out + bias if bias is not None else out
 
     @staticmethod
     def backward(ctx, grad_output):
-        saved, w_q = ctx.saved_tensors
+        saved, w_q, x_exact = ctx.saved_tensors
         g_q = _maybe(grad_output, ctx.path.grad, ctx.tp_group)
         grad_input = torch.matmul(g_q, w_q)
         if ctx.allreduce_dgrad:  # column-parallel: the input was replicated across TP
@@ -61,8 +65,14 @@ class EmulatedLinearFunction(torch.autograd.Function):
         g2 = g_q.reshape(-1, g_q.shape[-1])
         grad_weight = torch.matmul(g2.t(), saved.reshape(-1, saved.shape[-1]))
         grad_bias = g2.sum(dim=0) if ctx.has_bias else None
-        return grad_input, grad_weight, grad_bias, None, None, None
+        if ctx.probe is not None:
+            ctx.probe.grad_operand(grad_output, ctx.path, g_q, ctx.tp_group)
+            if x_exact is not None:
+                ctx.probe.weight_gradient(grad_output, x_exact, ctx.path, grad_weight,
+                                          ctx.tp_group)
+        return grad_input, grad_weight, grad_bias, None, None, None, None
 
 
-def emulated_linear(x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group):
-    return EmulatedLinearFunction.apply(x, weight, bias, path, allreduce_dgrad, tp_group)
+def emulated_linear(x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group,
+                    probe=None):
+    return EmulatedLinearFunction.apply(x, weight, bias, path, allreduce_dgrad, tp_group, probe)

@@ -40,9 +40,13 @@ class PrecisionPlan:
 class PrecisionRuntime:
     """Answers a unit linear's question 'which path this step?' from recipe and plan."""
 
-    def __init__(self, recipe, plan: PrecisionPlan):
+    def __init__(self, recipe, plan: PrecisionPlan, probes=None):
         self.recipe = recipe
         self.plan = plan
+        self.probes = probes  # a ProbeBank when the controller measures the low path
+
+    def probe_for(self, unit_name: str):
+        return self.probes.probe(unit_name) if self.probes is not None else None
 
     def path_for(self, unit_name: str):
         return self.recipe.recovery if self.plan.is_recovery(unit_name) else self.recipe.low

@@ -29,6 +29,7 @@ from megatron_gnmr.controller.units import build_registry, local_unit_modules
 from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
 from megatron_gnmr.errors import RunAborted, UserError
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
+from megatron_gnmr.precision.probes import build_probes
 from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
@@ -102,7 +103,10 @@ class Trainer:
                                   and not config.gnmr.enabled)
         units_here = local_unit_modules(self.model, config.model.num_layers,
                                         config.model.num_experts)
-        bind_precision(units_here, config, self.plan)
+        registry = build_registry(self.model, config.model.num_layers, config.gnmr.units,
+                                  config.model.num_experts) if config.gnmr.enabled else None
+        probes = build_probes(config, registry)
+        bind_precision(units_here, config, self.plan, probes)
         self.injector = NonFiniteInjector(t.inject_nonfinite, units_here)
         self.attention_fault = FaultSchedule(t.attention_fault_bits, t.attention_fault_start)
         for module in (m for chunk in self.model for m in chunk.modules()):
@@ -110,10 +114,9 @@ class Trainer:
                 module.schedule = self.attention_fault
         self.controller = None
         if config.gnmr.enabled:
-            registry = build_registry(self.model, config.model.num_layers, config.gnmr.units,
-                                      config.model.num_experts)
             self.controller = Controller(config.gnmr, registry, self.model, self.plan,
-                                         expert_parallel=bool(config.model.num_experts))
+                                         expert_parallel=bool(config.model.num_experts),
+                                         probes=probes, seed=t.seed)
         self.monitors = MonitorSuite(config.monitor, self.model) if config.monitor.monitors \
             else None
         self.optimizer, self.scheduler = build_optimizer(
@@ -139,6 +142,8 @@ class Trainer:
             self.logger.log(step, metrics)
         for alarm in alarms:
             self.logger.event(step, "alarm", alarm)
+        if self.controller is not None:  # the `monitor` risk signal reads the firing alarms
+            self.controller.firing = self.monitors.firing()
 
     def _log_timeline_image(self, step: int) -> None:
         interval = self.config.logging.image_interval
