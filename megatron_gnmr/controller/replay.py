@@ -3,6 +3,15 @@
 Each `--gnmr-*` flag takes one or more values; the sweep is their cartesian product, with
 every flag not given taken from the config recorded in the trace. Given the live run's own
 settings, the replay must make exactly the live run's decisions (it is checked and said).
+
+Signals are replayed from what the trace recorded (norms; qerr and the oracle's true
+weight-gradient errors when the run measured them, `--gnmr-measure qerr,oracle`), so one
+recorded run compares selection rules (`--gnmr-signals gnmr qerr random oracle`) at one
+budget (`--gnmr-budget-rate`). With oracle errors recorded each rule is also scored by the
+damage it catches: "oracle capture" = the true error of the units it recovers, summed over
+steps, over the most any choice of the same number of units could catch (the oracle's).
+The counterfactual is approximate in one way: the recorded errors are those of the live
+run's trajectory, not of the trajectory the replayed rule would have produced.
 """
 
 from __future__ import annotations
@@ -12,15 +21,18 @@ import dataclasses
 import itertools
 from collections import Counter
 
+import numpy as np
 from tqdm import tqdm
 
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import GNMRPolicy
+from megatron_gnmr.controller.signals import PROBED, SignalScores, parse_signals
 from megatron_gnmr.controller.trace import Trace, iter_gaps, read_trace
 from megatron_gnmr.errors import UserError
 
 SWEEPABLE = {"alpha": float, "beta": float, "delta": int, "max_o": None, "t_lock": int,
-             "warmup": int}
+             "warmup": int, "budget_rate": float}
+SIGNAL_SWEEPABLE = {"signals": str, "qerr_baseline": str, "qerr_ratio": float}
 
 
 def _number(text: str):
@@ -36,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--gnmr-{name.replace('_', '-')}", dest=name, nargs="+",
                             type=kind or _number, metavar="V",
                             help=f"one or more values of {name} (default: the recorded one)")
+    for name, kind in SIGNAL_SWEEPABLE.items():
+        parser.add_argument(f"--gnmr-{name.replace('_', '-')}", dest=name, nargs="+",
+                            type=kind, metavar="V",
+                            help=f"one or more values of {name} (default: the recorded one)")
     parser.add_argument("--top", type=int, default=5, help="most-recovered units to list")
 
 
@@ -46,34 +62,84 @@ class ReplayResult:
     most_recovered: list[tuple[str, int]]
     decisions: list[tuple[int, ...]]
     matches_recorded: int  # steps whose decision equals the recorded one
+    signal_settings: dict = dataclasses.field(default_factory=dict)
+    oracle_capture: float | None = None
+    """Caught true weight-gradient error over the most the same unit-steps could catch."""
 
 
-def replay(trace: Trace, config: GNMRConfig, show_progress: bool = False) -> ReplayResult:
+def _signal_scores(trace: Trace, settings: dict) -> SignalScores:
+    signals = parse_signals(settings["signals"])
+    missing = [s for s in signals if s in PROBED + ("monitor",) and s not in trace.signals]
+    if missing:
+        raise UserError(f"replay: the trace has no recorded {', '.join(missing)} values (record "
+                        "them live with --gnmr-measure qerr,oracle or the monitor signal)")
+    return SignalScores(signals, trace.units, settings.get("qerr_ratio", 1.5),
+                        settings.get("qerr_baseline", "history"),
+                        settings.get("static_units", r"mlp\.(experts\.\d+\.)?linear_fc2$"),
+                        settings.get("seed", 0))
+
+
+def replay(trace: Trace, config: GNMRConfig, show_progress: bool = False,
+           signal_settings: dict | None = None) -> ReplayResult:
+    settings = {**trace.signal_settings, **(signal_settings or {})}
+    scorer = _signal_scores(trace, settings)
     policy = GNMRPolicy(config, len(trace.units))
     counts: Counter[int] = Counter()
     decisions = []
-    rows = tqdm(trace.norms, desc="replay", unit="step", disable=not show_progress, leave=False)
-    for norms in rows:
-        decision = policy.step(norms)
+    rows = tqdm(range(len(trace.steps)), desc="replay", unit="step",
+                disable=not show_progress, leave=False)
+    for i in rows:
+        scores = scorer.scores(_row(trace, "qerr", i), _row(trace, "oracle", i), set())
+        if "monitor" in scorer.signals:
+            scores["monitor"] = trace.signals["monitor"][i]
+        decision = policy.step(trace.norms[i], scorer.combined(scores),
+                               use_gnmr="gnmr" in scorer.signals)
         counts.update(decision.recovery)
         decisions.append(decision.recovery)
     matches = sum(a == b for a, b in zip(decisions, trace.recovery))
     return ReplayResult(config, policy.summary(),
                         [(trace.units[u], c) for u, c in counts.most_common()],
-                        decisions, matches)
+                        decisions, matches, settings, oracle_capture(trace, decisions))
 
 
-def settings(trace: Trace, args: argparse.Namespace) -> list[GNMRConfig]:
+def _row(trace: Trace, name: str, i: int) -> np.ndarray | None:
+    return trace.signals[name][i] if name in trace.signals else None
+
+
+def oracle_capture(trace: Trace, decisions: list[tuple[int, ...]]) -> float | None:
+    """Sum over steps of the true error of the units a rule recovers in that step, over the
+    sum of the largest errors of as many units (the decision at step t runs at step t+1)."""
+    errors = trace.signals.get("oracle")
+    if errors is None:
+        return None
+    caught = best = 0.0
+    for decided, row in zip(decisions[:-1], errors[1:]):
+        row = np.nan_to_num(row, nan=0.0)
+        caught += float(row[list(decided)].sum())
+        best += float(np.sort(row)[::-1][: len(decided)].sum())
+    return caught / best if best > 0 else None
+
+
+def settings(trace: Trace, args: argparse.Namespace) -> list[tuple[GNMRConfig, dict]]:
     recorded = {k: v for k, v in trace.config.items()
                 if k in {f.name for f in dataclasses.fields(GNMRConfig)}}
-    grid = {name: getattr(args, name) or [recorded[name]] for name in SWEEPABLE}
-    configs = []
+    grid = {name: getattr(args, name, None) or [recorded.get(name, 0.0)] for name in SWEEPABLE}
+    signal_grid = {name: getattr(args, name, None) or [trace.signal_settings.get(name)]
+                   for name in SIGNAL_SWEEPABLE}
+    out = []
     for values in itertools.product(*grid.values()):
         try:
-            configs.append(GNMRConfig(**{**recorded, **dict(zip(grid, values))}))
+            config = GNMRConfig(**{**recorded, **dict(zip(grid, values))})
         except ValueError as error:
             raise UserError(str(error)) from None
-    return configs
+        for signal_values in itertools.product(*signal_grid.values()):
+            chosen = {k: v for k, v in zip(signal_grid, signal_values) if v is not None}
+            try:
+                parse_signals(chosen.get("signals", "gnmr"))
+            except ValueError as error:
+                raise UserError(str(error)) from None
+            out.append((config, chosen))
+    return out
 
 
 def run(args: argparse.Namespace) -> list[ReplayResult]:
@@ -86,16 +152,21 @@ def run(args: argparse.Namespace) -> list[ReplayResult]:
     results = []
     configs = settings(trace, args)
     print(f"replay of {args.trace}: {len(trace.steps)} steps x {len(trace.units)} units")
-    for config in configs:
-        result = replay(trace, config, show_progress=True)
+    for config, signal_settings in configs:
+        result = replay(trace, config, show_progress=True, signal_settings=signal_settings)
         results.append(result)
         s = result.summary
-        print(f"alpha={config.alpha} beta={config.beta} delta={config.delta} "
-              f"max_o={config.max_o} t_lock={config.t_lock} warmup={config.warmup}: "
+        capture = "" if result.oracle_capture is None else \
+            f", oracle capture {result.oracle_capture:.1%}"
+        print(f"signals={result.signal_settings['signals']} "
+              f"qerr_baseline={result.signal_settings.get('qerr_baseline', '-')} "
+              f"alpha={config.alpha} beta={config.beta} delta={config.delta} "
+              f"max_o={config.max_o} t_lock={config.t_lock} warmup={config.warmup} "
+              f"budget_rate={config.budget_rate}: "
               f"recovery sparsity {s['recovery_sparsity']:.4%}, exceedance rate "
-              f"{s['exceedance_rate']:.4%}, switches/1k steps {s['switches_per_1k_steps']:.1f}, "
-              f"same decisions as the live run at {result.matches_recorded}/{len(trace.steps)} "
-              "steps")
+              f"{s['exceedance_rate']:.4%}, switches/1k steps {s['switches_per_1k_steps']:.1f}"
+              f"{capture}, same decisions as the live run at "
+              f"{result.matches_recorded}/{len(trace.steps)} steps")
         top = ", ".join(f"{name} ({count})" for name, count in result.most_recovered[: args.top])
         print(f"    most recovered: {top or 'none'}")
     return results

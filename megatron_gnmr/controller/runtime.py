@@ -42,9 +42,13 @@ class Controller:
         self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes)
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
         self.signals = parse_signals(config.signals)
-        self.signal_scores = SignalScores(self.signals, registry.names, config.qerr_ratio,
-                                          config.qerr_baseline, config.static_units,
-                                          config.selection_seed + seed)
+        self.signal_settings = {"signals": config.signals, "qerr_ratio": config.qerr_ratio,
+                                "qerr_baseline": config.qerr_baseline,
+                                "static_units": config.static_units,
+                                "seed": config.selection_seed + seed}
+        self.signal_scores = SignalScores(self.signals, registry.names,
+                                          **{k: v for k, v in self.signal_settings.items()
+                                             if k != "signals"})
         self.firing: set[tuple[str, int]] = set()  # (monitor family, layer) alarms firing
         self.plan = plan
         self.trace: TraceWriter | None = None
@@ -54,7 +58,7 @@ class Controller:
 
     def open_trace(self, run_dir: str, resume_step: int) -> None:
         self.trace = TraceWriter(Path(run_dir) / "gnmr_trace.jsonl", self.registry.names,
-                                 self.config.policy_config(), resume_step)
+                                 self.config.policy_config(), resume_step, self.signal_settings)
 
     def observe(self, stats: StepGradStats, step: int) -> Decision:
         """Decide the recovery set for step `step + 1` from step `step`'s statistics."""

@@ -36,7 +36,8 @@ def _decode(value) -> float:
 
 
 class TraceWriter:
-    def __init__(self, path: Path, unit_names: list[str], config: GNMRConfig, resume_step: int):
+    def __init__(self, path: Path, unit_names: list[str], config: GNMRConfig, resume_step: int,
+                 signal_settings: dict | None = None):
         self.path = path
         if path.exists():  # steps past the checkpoint (or a crash's cut line) are redone
             _truncate_after(path, resume_step)
@@ -45,7 +46,8 @@ class TraceWriter:
         self.file = path.open("a", buffering=1)
         if new:
             header = {"type": "header", "units": unit_names,
-                      "config": dataclasses.asdict(config)}
+                      "config": dataclasses.asdict(config),
+                      "signal_settings": signal_settings or {"signals": "gnmr"}}
             self.file.write(json.dumps(header) + "\n")
 
     def write(self, decision: Decision, signals: dict | None = None) -> None:
@@ -82,6 +84,8 @@ class Trace:
     recovery: list[tuple[int, ...]]
     signals: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     """Other recorded per-unit values ([steps, units]): qerr, oracle, monitor."""
+    signal_settings: dict = dataclasses.field(default_factory=lambda: {"signals": "gnmr"})
+    """How the live run scored its signals (`SignalScores` arguments)."""
 
 
 def read_trace(path: str) -> Trace:
@@ -112,7 +116,8 @@ def read_trace(path: str) -> Trace:
     return Trace(header["units"], header["config"], steps,
                  np.asarray(norms, dtype=np.float64).reshape(len(steps), units), recovery,
                  {name: np.asarray(rows, dtype=np.float64).reshape(-1, units)
-                  for name, rows in signals.items() if len(rows) == len(steps)})
+                  for name, rows in signals.items() if len(rows) == len(steps)},
+                 header.get("signal_settings", {"signals": "gnmr"}))
 
 
 def iter_gaps(steps: list[int]) -> Iterator[int]:

@@ -1,0 +1,152 @@
+"""Risk signals against float64 references: the qerr probe (also in shadow on the recovery
+path), the oracle's true weight-gradient error and its choice, signal scores, the budget
+bucket, and replay of a live run's signal-driven decisions."""
+
+import numpy as np
+import pytest
+import torch
+
+from megatron_gnmr.controller.config import GNMRConfig
+from megatron_gnmr.controller.policy import GNMRPolicy
+from megatron_gnmr.controller.signals import SignalScores, relative_errors
+from megatron_gnmr.precision.paths import GemmPath, emulated_linear
+from megatron_gnmr.precision.probes import SLOTS, ProbeBank
+from megatron_gnmr.precision.scaling import QuantSpec
+
+LOW = GemmPath("act-int3", saved_input=QuantSpec("int3", "tensor"))
+RECOVERY = GemmPath("act-int8", saved_input=QuantSpec("int8", "tensor"))
+
+
+def int_per_tensor(x: np.ndarray, bits: int) -> np.ndarray:
+    """Independent float64 symmetric per-tensor integer fake-quantization (RNE, saturate)."""
+    qmax = 2 ** (bits - 1) - 1
+    scale = qmax / np.abs(x).max()
+    return np.clip(np.rint(x * scale), -qmax - 1, qmax) / scale
+
+
+def heavy_tailed(shape, seed, tail):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    return (x * torch.exp(tail * torch.randn(shape, generator=g, dtype=torch.float64))).float()
+
+
+def run_unit(bank, name, path, x, w, g):
+    x = x.clone().requires_grad_(True)
+    w = w.clone().requires_grad_(True)
+    out = emulated_linear(x, w, None, path, False, None, bank.probe(name))
+    out.backward(g)
+    return out.detach(), x.grad, w.grad
+
+
+def test_qerr_probe_is_the_relative_error_of_the_saved_operand():
+    x, w = heavy_tailed((32, 48), 0, 1.0), torch.randn(24, 48)
+    g = torch.randn(32, 24)
+    bank = ProbeBank(["u"], LOW, oracle=False)
+    run_unit(bank, "u", LOW, x, w, g)
+    qerr, oracle = relative_errors(bank.take().reshape(1, SLOTS).numpy())
+    x64 = x.double().numpy()
+    expected = np.linalg.norm(int_per_tensor(x64, 3) - x64) / np.linalg.norm(x64)
+    assert qerr[0] == pytest.approx(expected, rel=1e-5)
+    assert np.isnan(oracle[0])  # not measured
+
+
+def test_shadow_measurement_on_the_recovery_path_reports_the_low_path_and_changes_nothing():
+    x, w, g = heavy_tailed((32, 48), 1, 1.0), torch.randn(24, 48), torch.randn(32, 24)
+    low_bank, shadow_bank = ProbeBank(["u"], LOW, True), ProbeBank(["u"], LOW, True)
+    run_unit(low_bank, "u", LOW, x, w, g)
+    probed = run_unit(shadow_bank, "u", RECOVERY, x, w, g)
+    plain = run_unit(ProbeBank([], LOW, True), "u", RECOVERY, x, w, g)  # no probe
+    low_q, low_o = relative_errors(low_bank.take().reshape(1, SLOTS).numpy())
+    shadow_q, shadow_o = relative_errors(shadow_bank.take().reshape(1, SLOTS).numpy())
+    assert shadow_q[0] == pytest.approx(low_q[0], rel=1e-6)
+    assert shadow_o[0] == pytest.approx(low_o[0], rel=1e-5)
+    for a, b in zip(probed, plain):
+        assert torch.equal(a, b)
+
+
+def test_fp8_qerr_is_the_worst_of_its_operands():
+    fp8 = GemmPath("fp8", QuantSpec("e4m3"), QuantSpec("e4m3"), QuantSpec("e5m2"))
+    x, w, g = heavy_tailed((16, 32), 2, 0.5), torch.randn(8, 32), torch.randn(16, 8)
+    bank = ProbeBank(["u"], fp8, oracle=False)
+    run_unit(bank, "u", GemmPath("exact"), x, w, g)  # shadow: the unit runs exact
+    sums = bank.take().reshape(SLOTS // 2, 2).double().numpy()
+    per_operand = np.sqrt(sums[:3, 0] / sums[:3, 1])  # input, weight, grad
+    assert all(0 < e < 0.2 for e in per_operand)
+    qerr, _ = relative_errors(bank.sums.new_tensor(sums.reshape(1, SLOTS)).numpy())
+    assert qerr[0] == pytest.approx(per_operand.max())
+
+
+def test_oracle_selects_the_units_with_the_largest_true_weight_gradient_error():
+    names = ["light", "medium", "heavy", "heaviest"]
+    tails = [0.0, 0.6, 1.2, 1.8]
+    bank = ProbeBank(names, LOW, oracle=True)
+    expected = []
+    for seed, (name, tail) in enumerate(zip(names, tails)):
+        x, w, g = heavy_tailed((64, 32), seed, tail), torch.randn(16, 32), torch.randn(64, 16)
+        run_unit(bank, name, LOW, x, w, g)
+        x64, g64 = x.double().numpy(), g.double().numpy()
+        exact = g64.T @ x64
+        low = g64.T @ int_per_tensor(x64, 3)
+        expected.append(np.linalg.norm(low - exact) / np.linalg.norm(exact))
+    _, oracle = relative_errors(bank.take().reshape(len(names), SLOTS).numpy())
+    assert oracle == pytest.approx(expected, rel=1e-4)
+    scorer = SignalScores(("oracle",), names, 1.5, "history", "x", 0)
+    policy = GNMRPolicy(GNMRConfig(max_o=2, warmup=2, delta=1), len(names))
+    policy.step(np.ones(4), scorer.combined(scorer.scores(None, oracle, set())),
+                use_gnmr=False)  # warm-up
+    policy.step(np.ones(4), scorer.combined(scorer.scores(None, oracle, set())),
+                use_gnmr=False)
+    decision = policy.step(np.ones(4), scorer.combined(scorer.scores(None, oracle, set())),
+                           use_gnmr=False)
+    assert set(decision.recovery) == set(np.argsort(expected)[-2:])
+
+
+def test_relative_errors_by_hand():
+    sums = np.zeros((2, SLOTS))
+    sums[0, 0:2] = [1.0, 4.0]   # input: sqrt(1/4) = 0.5
+    sums[0, 6:8] = [9.0, 16.0]  # saved: 0.75
+    sums[0, 8:10] = [1.0, 100.0]  # oracle: 0.1
+    qerr, oracle = relative_errors(sums)
+    assert qerr[0] == 0.75 and oracle[0] == pytest.approx(0.1)
+    assert np.isnan(qerr[1]) and np.isnan(oracle[1])
+
+
+def test_qerr_scores_history_and_peers_by_hand():
+    names = ["a", "b", "c"]
+    history = SignalScores(("qerr",), names, 2.0, "history", "x", 0)
+    first = history.scores(np.array([0.2, 0.4, 0.8]), None, set())["qerr"]
+    assert np.isnan(first).all()  # no history yet
+    second = history.scores(np.array([0.6, 0.4, 0.8]), None, set())["qerr"]
+    assert second == pytest.approx([0.6 / (2 * 0.2), 0.4 / (2 * 0.4), 0.8 / (2 * 0.8)])
+    peers = SignalScores(("qerr",), names, 2.0, "peers", "x", 0)
+    assert peers.scores(np.array([0.2, 0.4, 1.2]), None, set())["qerr"] == \
+        pytest.approx([0.25, 0.5, 1.5])  # median 0.4
+
+
+def test_random_is_seeded_and_resumable_static_and_monitor_pick_their_units():
+    names = ["layers.0.self_attention.linear_qkv", "layers.0.mlp.linear_fc2",
+             "layers.1.self_attention.linear_proj", "layers.1.mlp.linear_fc2"]
+    a = SignalScores(("random", "static", "monitor"), names, 1.5, "history",
+                     r"mlp\.linear_fc2$", 7)
+    b = SignalScores(("random",), names, 1.5, "history", "x", 7)
+    first = a.scores(None, None, {("attention", 1)})
+    assert np.array_equal(first["random"], b.scores(None, None, set())["random"])
+    assert all(1.0 <= v < 2.0 for v in first["random"])
+    assert list(first["static"]) == [0.0, 2.0, 0.0, 2.0]
+    assert list(first["monitor"]) == [0.0, 0.0, 2.0, 0.0]
+    state = a.state_dict()
+    nxt = a.scores(None, None, set())["random"]
+    c = SignalScores(("random",), names, 1.5, "history", "x", 0)
+    c.load_state_dict(state)
+    assert np.array_equal(c.scores(None, None, set())["random"], nxt)
+
+
+def test_budget_rate_bucket_spends_rate_times_units_per_step():
+    """Hand trace: 4 units, budget_rate 0.375 -> 1.5 tokens/step, bucket capped at max_o 2,
+    every unit risky after 2 warm-up steps (which fill the bucket: 1.5, 2.0): 2.0 -> select 2
+    (0 left), 1.5 -> 1 (0.5 left), 2.0 -> 2, ..."""
+    policy = GNMRPolicy(GNMRConfig(max_o=2, warmup=2, delta=1, budget_rate=0.375), 4)
+    always = np.full(4, 5.0)
+    sizes = [len(policy.step(np.ones(4), always, use_gnmr=False).recovery) for _ in range(8)]
+    assert sizes == [0, 0, 2, 1, 2, 1, 2, 1]
+    assert policy.recovery_unit_steps == 9
