@@ -25,7 +25,21 @@ def smoke(tmp_path_factory):
 
 def test_every_scenario_is_listed():
     assert available() == ["act_quant_stress", "attention_fault", "combined_faults",
-                           "deepseek_hierarchy", "router_fault"]
+                           "deepseek_hierarchy", "risk_signals_act_quant",
+                           "risk_signals_deepseek", "router_fault"]
+
+
+@pytest.mark.parametrize("name", ["risk_signals_act_quant", "risk_signals_deepseek"])
+def test_every_variant_of_the_equal_budget_scenarios_is_a_valid_run(name):
+    """Cheap guard for scenarios too long to smoke in CI: every run's flags parse and
+    validate (the mechanisms are covered by test_signals*.py)."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.validation import validate
+
+    for variant, seed, flags in load_scenario(name).runs(smoke=True):
+        config = parse_config(flags)
+        validate(config, world_size=1)
+        assert config.gnmr.budget_rate in (0.125, 0.25)
 
 
 @pytest.mark.parametrize("name,controlled", [("act_quant_stress", ["gnmr-4/8", "gnmr-3/8"]),
