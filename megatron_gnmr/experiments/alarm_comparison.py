@@ -110,6 +110,9 @@ def summarize(rows: list[dict]) -> dict:
             if not cells:
                 continue
             healthy = [row for row, _ in cells if row["healthy"]]
+            faulty = [(row, step) for row, step in cells if not row["healthy"]]
+            detected = [step for row, step in faulty
+                        if step is not None and not _is_false(row, step)]
             diverged = [(row, step) for row, step in cells if row["divergence"] is not None]
             leads = [row["divergence"] - step for row, step in diverged
                      if step is not None and not _is_false(row, step)]
@@ -117,6 +120,9 @@ def summarize(rows: list[dict]) -> dict:
                 "false_alarm_runs": sum(1 for row, step in cells if _is_false(row, step)),
                 "healthy_runs": len(healthy),
                 "runs": len(cells),
+                "fault_runs": len(faulty),
+                "fault_runs_alarmed": len(detected),
+                "median_alarm_step": statistics.median(detected) if detected else None,
                 "diverged_runs": len(diverged),
                 "alarmed_before_divergence": sum(1 for lead in leads if lead > 0),
                 "median_lead": statistics.median(leads) if leads else None,
@@ -148,12 +154,15 @@ def write_markdown(result: dict, out: Path) -> str:
         divergence = "-" if row["divergence"] is None else str(row["divergence"])
         lines.append(f"| {row['variant']} s{row['seed']} | {start} | {divergence} | "
                      + " | ".join(cells) + " |")
-    lines += ["", "| detector | signal | false alarms (runs) | diverged runs alarmed first "
-              "| median lead (steps) |", "|---|---|---|---|---|"]
+    lines += ["", "| detector | signal | false alarms (runs) | fault runs alarmed (median "
+              "step) | diverged runs alarmed first | median lead (steps) |",
+              "|---|---|---|---|---|---|"]
     for key, s in result["summary"].items():
         detector, group = key.split("/", 1)
         lead = "-" if s["median_lead"] is None else f"{s['median_lead']:.0f}"
+        step = "" if s["median_alarm_step"] is None else f" ({s['median_alarm_step']:.0f})"
         lines.append(f"| {detector} | {group} | {s['false_alarm_runs']} of {s['runs']} "
+                     f"| {s['fault_runs_alarmed']} of {s['fault_runs']}{step} "
                      f"| {s['alarmed_before_divergence']} of {s['diverged_runs']} | {lead} |")
     text = "\n".join(lines) + "\n"
     (out / "alarms.md").write_text(text)
