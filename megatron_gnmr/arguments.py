@@ -88,7 +88,7 @@ def build_parser(prog: str = "pretrain_llama.py") -> argparse.ArgumentParser:
                                    default=argparse.SUPPRESS, help=help_text)
             elif kind is list:
                 group.add_argument(flag, dest=dest, nargs="+", default=argparse.SUPPRESS,
-                                   metavar="VALUE", help=help_text)
+                                   metavar=f.metadata.get("metavar", "VALUE"), help=help_text)
             else:
                 parse = _number if f.name == "max_o" else kind
                 group.add_argument(flag, dest=dest, type=parse, default=argparse.SUPPRESS,

@@ -134,7 +134,7 @@ class MonitorConfig:
     monitor_detector: str = "trend"
     """Alarm detector: trend (the signal's own recent trend), reference (healthy reference
     runs' band; implied by --monitor-reference) or online (band of its first checks)."""
-    monitor_reference: list[str] = field(default_factory=list)
+    monitor_reference: list[str] = field(default_factory=list, metadata={"metavar": "RUN_DIR"})
     """Run directories of healthy runs (same model, data, schedule) for the reference band."""
     monitor_band: float = 4.0
     """Alarm when a signal is more than band x its noise from the expected value ..."""
@@ -237,7 +237,7 @@ class GNMRRunConfig(GNMRConfig):
         parse_signals(self.signals)
         unknown = set(filter(None, self.measure.split(","))) - set(PROBED)
         if unknown:
-            raise ValueError(f"gnmr.measure: {', '.join(sorted(unknown))} cannot be measured; "
+            raise ValueError(f"gnmr.measure cannot measure {', '.join(sorted(unknown))}; "
                              f"use {', '.join(PROBED)}")
         if self.qerr_baseline not in QERR_BASELINES:
             raise ValueError(f"gnmr.qerr_baseline must be one of {QERR_BASELINES}, got "

@@ -40,8 +40,9 @@ def parse_signals(text: str) -> tuple[str, ...]:
     names = tuple(s.strip() for s in text.split(",") if s.strip())
     unknown = [n for n in names if n not in SIGNALS]
     if unknown or not names:
-        raise ValueError(f"gnmr.signals: unknown or empty {unknown or text!r}; use a comma "
-                         f"list of {', '.join(SIGNALS)}")
+        bad = ", ".join(unknown) if unknown else repr(text)
+        raise ValueError(f"gnmr.signals has unknown or no entries ({bad}); use a comma list "
+                         f"of {', '.join(SIGNALS)}")
     return names
 
 
