@@ -1,5 +1,5 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
-compare-alarms)."""
+compare-alarms, compare-signals)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_gnmr.arguments import OneLineErrorParser
     from megatron_gnmr.controller import replay
     from megatron_gnmr.data import prepare
-    from megatron_gnmr.experiments import alarm_comparison, runner
+    from megatron_gnmr.experiments import alarm_comparison, runner, signal_comparison
     from megatron_gnmr.observe import report
 
     parser = OneLineErrorParser(prog="megatron-gnmr", allow_abbrev=False)
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         ("report", report, "render a PNG report from the JSONL logs of one or more runs"),
         ("reproduce", runner, "run one of the paper's scenarios and write its results table"),
         ("compare-alarms", alarm_comparison, "every alarm detector on a fault scenario's runs"),
+        ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)
