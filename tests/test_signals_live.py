@@ -7,7 +7,7 @@ import numpy as np
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.replay import replay
 from megatron_gnmr.controller.trace import read_trace
-from tests.helpers import TINY, run_pretrain, trace_records
+from tests.helpers import TINY, read_jsonl, run_pretrain, trace_records
 
 STEPS = 24
 SIGNAL_RUN = [*TINY, "--train-iters", str(STEPS), "--eval-interval", "100",
@@ -45,3 +45,24 @@ def test_qerr_sums_agree_between_one_and_two_data_parallel_ranks(tmp_path):
     np.testing.assert_allclose(two.norms[:3], one.norms[:3], rtol=1e-5)
     assert [r["recovery"] for r in trace_records(tmp_path / "dp2")][:3] == \
         [list(d) for d in one.recovery[:3]]
+
+
+def test_monitor_alarms_make_their_layer_risky(tmp_path):
+    """An attention alarm of layer l at step s makes layer l's attention units risky for
+    the decision of step s + 1 (the monitors run after the controller within a step)."""
+    run_pretrain([*TINY, "--train-iters", "30", "--eval-interval", "100", "--monitors",
+                  "attention", "--monitor-interval", "1", "--monitor-delta", "1",
+                  "--monitor-patience", "2", "--monitor-band", "0.5", "--monitor-trend-window",
+                  "4", "--monitor-trend-horizon", "2", "--gnmr", "--gnmr-signals", "monitor",
+                  "--gnmr-delta", "1", "--gnmr-warmup", "2", "--save", str(tmp_path)])
+    trace = read_trace(str(tmp_path / "gnmr_trace.jsonl"))
+    alarms = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("event") == "alarm"]
+    assert alarms
+    first = alarms[0]
+    row = trace.steps.index(first["step"] + 1)
+    layer_units = [i for i, name in enumerate(trace.units)
+                   if name.startswith(f"layers.{first['layer']}.self_attention.")]
+    assert all(trace.signals["monitor"][row][u] == 2.0 for u in layer_units)
+    assert set(layer_units) <= set(trace.recovery[row])
+    mlp_units = [i for i, name in enumerate(trace.units) if ".mlp." in name]
+    assert all(trace.signals["monitor"][row][u] == 0.0 for u in mlp_units)
