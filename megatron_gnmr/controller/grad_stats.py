@@ -65,7 +65,8 @@ class GradStats:
     @torch.no_grad()
     def compute(self, loss_scale: float = 1.0) -> StepGradStats:
         grads = [_grad(p) for p in self.params] if self.norms_here else []
-        squared = torch.zeros(self.num_units + 1, dtype=torch.float32)
+        # On the device: NCCL reduces device tensors only.
+        squared = torch.zeros(self.num_units + 1, dtype=torch.float32, device=stats_device())
         if grads:
             norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g
                                          for g in grads])
@@ -78,7 +79,7 @@ class GradStats:
             torch.distributed.all_reduce(both, group=self.group)
             squared, probe_sums = both[: self.num_units + 1], both[self.num_units + 1:]
             probe_sums = probe_sums.reshape(self.num_units, -1).cpu().numpy()
-        squared = squared.double() / (loss_scale**2)
+        squared = squared.double().cpu() / (loss_scale**2)
         return StepGradStats(unit_norms=squared[:-1].sqrt().numpy(),
                              total_norm=float(squared.sum().sqrt()), probe_sums=probe_sums)
 
@@ -93,6 +94,13 @@ class GradStats:
         # TP duplicates were counted once in the norm but every copy is clipped.
         torch._foreach_mul_([_grad(p) for p in self.all_params], coefficient)
         return coefficient
+
+
+def stats_device() -> torch.device:
+    """Where per-step statistics live: the current GPU, or the CPU on CPU-only machines."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _is_expert_parameter(param: torch.nn.Parameter) -> bool:
