@@ -115,7 +115,9 @@ def validate_signals(config: RunConfig) -> None:
     if probed and config.parallel.expert_model_parallel_size > 1:
         raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} are not supported "
                         "with --expert-model-parallel-size > 1 yet")
-    if "monitor" in gnmr.signals.split(",") and not config.monitor.monitors:
+    from megatron_gnmr.controller.signals import parse_signals
+
+    if "monitor" in parse_signals(gnmr.signals) and not config.monitor.monitors:
         raise UserError("--gnmr-signals monitor needs --monitors attention and/or router")
 
 
