@@ -24,6 +24,7 @@ from collections import Counter
 import numpy as np
 from tqdm import tqdm
 
+from megatron_gnmr.config import GNMRRunConfig
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import GNMRPolicy
 from megatron_gnmr.controller.signals import PROBED, SignalScores, parse_signals
@@ -73,10 +74,12 @@ def _signal_scores(trace: Trace, settings: dict) -> SignalScores:
     if missing:
         raise UserError(f"replay: the trace has no recorded {', '.join(missing)} values (record "
                         "them live with --gnmr-measure qerr,oracle or the monitor signal)")
-    return SignalScores(signals, trace.units, settings.get("qerr_ratio", 1.5),
-                        settings.get("qerr_baseline", "history"),
-                        settings.get("static_units", r"mlp\.(experts\.\d+\.)?linear_fc2$"),
-                        settings.get("seed", 0))
+    defaults = GNMRRunConfig()  # for traces written before the settings were recorded
+    return SignalScores(signals, trace.units,
+                        settings.get("qerr_ratio", defaults.qerr_ratio),
+                        settings.get("qerr_baseline", defaults.qerr_baseline),
+                        settings.get("static_units", defaults.static_units),
+                        settings.get("seed", defaults.selection_seed))
 
 
 def replay(trace: Trace, config: GNMRConfig, show_progress: bool = False,

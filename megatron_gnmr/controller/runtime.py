@@ -42,6 +42,7 @@ class Controller:
         self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes)
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
         self.signals = parse_signals(config.signals)
+        self.probed = config.probed()  # fixed for the run: not re-parsed every step
         self.signal_settings = {"signals": config.signals, "qerr_ratio": config.qerr_ratio,
                                 "qerr_baseline": config.qerr_baseline,
                                 "static_units": config.static_units,
@@ -66,7 +67,7 @@ class Controller:
         if stats.probe_sums is not None:
             qerr, oracle = relative_errors(stats.probe_sums)
             measured = {name: values for name, values in (("qerr", qerr), ("oracle", oracle))
-                        if name in self.config.probed()}
+                        if name in self.probed}
         scores = self.signal_scores.scores(measured.get("qerr"), measured.get("oracle"),
                                            self.firing)
         decision = self.policy.step(stats.unit_norms, self.signal_scores.combined(scores),
@@ -75,8 +76,10 @@ class Controller:
         self.recent.append((step, decision.gnmr.copy(), decision.recovery))
         interval = self.config.trace_interval
         if self.trace is not None and interval and step % interval == 0:
-            self.trace.write(decision, {**measured, **({"monitor": scores["monitor"]}
-                                                        if "monitor" in scores else {})})
+            traced = dict(measured)
+            if "monitor" in scores:
+                traced["monitor"] = scores["monitor"]
+            self.trace.write(decision, traced)
         return decision
 
     def verify_agreement(self, step: int) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.experiments.alarm_replay import replay_alarms
-from megatron_gnmr.experiments.scenario import Scenario, load_scenario
+from megatron_gnmr.experiments.scenario import Scenario, load_scenario, results_dir
 from megatron_gnmr.experiments.tables import divergence_step
 from megatron_gnmr.monitors.alarms import AlarmBook
 from megatron_gnmr.monitors.detectors.reference_runs import signals_by_key
@@ -179,7 +179,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     scenario = load_scenario(args.scenario)
-    out = Path(args.out or f"results/{scenario.name}{'-smoke' if args.smoke else ''}")
+    out = results_dir(scenario, args.out, args.smoke)
     result = compare(scenario, out, args.smoke)
     print(write_markdown(result, out))
     return result

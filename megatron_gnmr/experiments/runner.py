@@ -20,7 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.experiments.scenario import Scenario, available, load_scenario
+from megatron_gnmr.experiments.scenario import Scenario, available, load_scenario, results_dir
 from megatron_gnmr.experiments.tables import summarize, write_tables
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> dict:
     scenario = load_scenario(args.scenario)
     if args.jobs < 1:
         raise UserError("--jobs must be >= 1")
-    out = Path(args.out or f"results/{scenario.name}{'-smoke' if args.smoke else ''}")
+    out = results_dir(scenario, args.out, args.smoke)
     results = reproduce(scenario, out, args.smoke, args.jobs)
     print((out / "results.md").read_text())
     return results

@@ -41,6 +41,11 @@ class Scenario:
                 for variant, flags in self.variants.items() for seed in seeds]
 
 
+def results_dir(scenario: Scenario, out: str | None, smoke: bool) -> Path:
+    """Where a scenario's runs live: `--out`, else results/NAME (results/NAME-smoke)."""
+    return Path(out or f"results/{scenario.name}{'-smoke' if smoke else ''}")
+
+
 def available() -> list[str]:
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
 

@@ -25,7 +25,7 @@ from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.replay import oracle_capture, replay
 from megatron_gnmr.controller.trace import read_trace
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.experiments.scenario import Scenario, load_scenario
+from megatron_gnmr.experiments.scenario import Scenario, load_scenario, results_dir
 from megatron_gnmr.experiments.tables import run_figures
 
 REPLAYED_RULES = ({"signals": "gnmr"}, {"signals": "qerr", "qerr_baseline": "history"},
@@ -159,7 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     scenario = load_scenario(args.scenario)
-    out = Path(args.out or f"results/{scenario.name}{'-smoke' if args.smoke else ''}")
+    out = results_dir(scenario, args.out, args.smoke)
     high = args.high or next((v for v in ("fixed-8bit", "fixed-fp8") if v in scenario.variants),
                              None)
     if high is None:
