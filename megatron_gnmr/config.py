@@ -81,6 +81,9 @@ class TrainingConfig:
     """Train in bf16 (fp32 master weights). Off on CPU by default: bf16 matmuls are slower."""
     seed: int = 1234
     """Seed for weights, data order and dropout."""
+    use_cpu_initialization: bool = False
+    """GPU: draw the full weights on the CPU and split them (every TP layout then starts from
+    the same model; slow for large models). Always on when there is no GPU."""
     log_interval: int = 10
     """Print and log metrics every N steps."""
     eval_interval: int = 50

@@ -15,11 +15,12 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
 from megatron_gnmr.config import RunConfig
+from megatron_gnmr.platform import megatron_compat
+from megatron_gnmr.platform.device import has_accelerator, run_device
 from megatron_gnmr.precision.linear import emulated_layer_spec
 from megatron_gnmr.precision.recipes import build_recipe
 
@@ -48,8 +49,10 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=m.init_method_std,
-        # Full weights are drawn on CPU and then split, so TP=1 and TP=2 start identical.
-        use_cpu_initialization=True,
+        # On the CPU, full weights are drawn and then split, so every TP layout starts
+        # identical; on a GPU each rank draws its shard on the device (megatron's default,
+        # fast for large models), unless --use-cpu-initialization asks for the former.
+        use_cpu_initialization=t.use_cpu_initialization or not has_accelerator(),
         perform_initialization=True,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
@@ -83,25 +86,21 @@ def _fp8_fields(config: RunConfig) -> dict:
     precision = config.precision
     if precision.precision_recipe != "te-fp8":
         return {}
-    from megatron_gnmr.precision.te_backend import MEGATRON_FP8_RECIPE
-
-    return {"fp8": precision.fp8_format, "fp8_recipe": MEGATRON_FP8_RECIPE[precision.fp8_recipe]}
+    # Our --fp8-format / --fp8-recipe values are megatron's own.
+    return {"fp8": precision.fp8_format, "fp8_recipe": precision.fp8_recipe}
 
 
 def layer_spec(config: RunConfig):
     if config.precision.precision_recipe == "te-fp8":
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
-        )
+        from megatron_gnmr.precision.te_backend import switchable_layer_spec
 
-        return get_gpt_layer_with_transformer_engine_spec()
-    spec = get_gpt_layer_local_spec(num_experts=config.model.num_experts,
-                                    moe_grouped_gemm=False, normalization="RMSNorm")
+        return switchable_layer_spec(megatron_compat.te_layer_spec(config.model.num_experts))
+    spec = megatron_compat.local_layer_spec(config.model.num_experts)
     if config.training.emulated_attention or config.training.attention_fault_bits:
         from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
 
         spec = copy.deepcopy(spec)
-        spec.submodules.self_attention.submodules.core_attention = EmulatedFlashAttention
+        megatron_compat.attention_submodules(spec).core_attention = EmulatedFlashAttention
     if build_recipe(config.precision) is not None:
         spec = emulated_layer_spec(spec)
     return spec
@@ -125,6 +124,9 @@ def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
     """This rank's model chunks (one: no virtual pipeline), ready for megatron's schedules."""
     tconfig = transformer_config(config)
     model: torch.nn.Module = build_gpt_model(config, tconfig, vocab_size)
+    # On the run's device before megatron's wrappers (as megatron's own `get_model` does):
+    # DDP's gradient buffers and the optimizer take the parameters where they are.
+    model.to(run_device())
     if tconfig.bf16:
         model = Float16Module(tconfig, model)
     ddp_config = DistributedDataParallelConfig(
@@ -155,13 +157,8 @@ def bind_precision(unit_modules: dict[str, torch.nn.Module], config: RunConfig, 
     measures its low path, with `probes`)."""
     from megatron_gnmr.precision.plan import PrecisionRuntime
 
-    if config.precision.precision_recipe == "te-fp8":
-        from megatron_gnmr.precision.te_backend import bind_te_units
-
-        bind_te_units(unit_modules, plan)
-        return
     recipe = build_recipe(config.precision)
-    if recipe is None:
+    if recipe is None and config.precision.precision_recipe != "te-fp8":
         return
     runtime = PrecisionRuntime(recipe, plan, probes)
     for name, module in unit_modules.items():

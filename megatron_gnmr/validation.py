@@ -122,7 +122,6 @@ def validate_signals(config: RunConfig) -> None:
 
 
 def validate_precision(config: RunConfig) -> None:
-    from megatron_gnmr.platform import capabilities
     from megatron_gnmr.precision.recipes import build_recipe
 
     precision = config.precision
@@ -133,10 +132,9 @@ def validate_precision(config: RunConfig) -> None:
         raise UserError("--act-quant-granularity must be tensor, row or tile")
     build_recipe(precision)  # raises a UserError naming the flag
     if precision.precision_recipe == "te-fp8":
-        te = capabilities.transformer_engine()
-        if not te:
-            raise UserError(f"--precision-recipe te-fp8 needs Transformer Engine: {te.reason}; "
-                            "use --precision-recipe fp8-emulated to emulate FP8 here")
+        from megatron_gnmr.precision.te_backend import validate_te_fp8
+
+        validate_te_fp8(config)
 
 
 def validate_logging(config: RunConfig) -> None:
@@ -203,6 +201,7 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
                         "which megatron-core cannot run without apex/TE; use TP 1")
     if (world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)) % ep:
         raise UserError(f"--expert-model-parallel-size {ep} must divide the data-parallel size")
-    if config.precision.precision_recipe != "none":
-        raise UserError("--precision-recipe with --num-experts is not supported yet; the MoE "
-                        "model runs in the run's precision")
+    if config.precision.precision_recipe not in ("none", "te-fp8"):
+        raise UserError(f"--precision-recipe {config.precision.precision_recipe} with "
+                        "--num-experts is not supported yet (te-fp8 is); the MoE model runs in "
+                        "the run's precision")

@@ -25,6 +25,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
 from megatron_gnmr.controller.units import UnitRegistry
+from megatron_gnmr.platform.device import run_device
 
 
 @dataclass
@@ -66,7 +67,7 @@ class GradStats:
     def compute(self, loss_scale: float = 1.0) -> StepGradStats:
         grads = [_grad(p) for p in self.params] if self.norms_here else []
         # On the device: NCCL reduces device tensors only.
-        squared = torch.zeros(self.num_units + 1, dtype=torch.float32, device=stats_device())
+        squared = torch.zeros(self.num_units + 1, dtype=torch.float32, device=run_device())
         if grads:
             norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g
                                          for g in grads])
@@ -94,13 +95,6 @@ class GradStats:
         # TP duplicates were counted once in the norm but every copy is clipped.
         torch._foreach_mul_([_grad(p) for p in self.all_params], coefficient)
         return coefficient
-
-
-def stats_device() -> torch.device:
-    """Where per-step statistics live: the current GPU, or the CPU on CPU-only machines."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _is_expert_parameter(param: torch.nn.Parameter) -> bool:

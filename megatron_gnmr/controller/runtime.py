@@ -23,6 +23,7 @@ from megatron_gnmr.controller.signals import SignalScores, parse_signals, relati
 from megatron_gnmr.controller.trace import TraceWriter
 from megatron_gnmr.controller.units import UnitRegistry
 from megatron_gnmr.errors import RunAborted
+from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.precision.plan import PrecisionPlan
 
 
@@ -87,7 +88,7 @@ class Controller:
         MAX (one collective, every `agreement_interval` steps). On a mismatch the digests
         are gathered so the error can name the ranks."""
         digest = self._digest()
-        both = torch.tensor([digest, -digest], dtype=torch.int64)
+        both = torch.tensor([digest, -digest], dtype=torch.int64, device=run_device())
         torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
         if int(both[0]) == -int(both[1]):
             return

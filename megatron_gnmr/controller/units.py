@@ -22,6 +22,12 @@ import torch
 
 from megatron_gnmr.errors import UserError
 
+# Norm parameters that Transformer Engine fuses into the linear after the norm
+# (`TELayerNormColumnParallelLinear.layer_norm_weight` in `linear_qkv` and `linear_fc1`).
+# They are not part of the unit: the same model must give the same unit norms with the local
+# spec (separate RMSNorm modules) and the TE spec. They still count in the global norm.
+FUSED_NORM_PARAMETERS = ("layer_norm_weight", "layer_norm_bias")
+
 # Per decoder layer, in canonical order (SPEC 2).
 ATTENTION_UNIT_SUFFIXES = ("self_attention.linear_qkv", "self_attention.linear_proj")
 DENSE_UNIT_SUFFIXES = (*ATTENTION_UNIT_SUFFIXES, "mlp.linear_fc1", "mlp.linear_fc2")
@@ -68,8 +74,12 @@ class UnitRegistry:
         return self.names.index(name)
 
     def local_parameters(self, unit: int) -> list[torch.nn.Parameter]:
+        """This rank's parameters of the unit (its GEMM weights; see FUSED_NORM_PARAMETERS)."""
         module = self.modules.get(unit)
-        return [] if module is None else list(module.parameters())
+        if module is None:
+            return []
+        return [param for name, param in module.named_parameters()
+                if name not in FUSED_NORM_PARAMETERS]
 
 
 def _unit_module(layer: torch.nn.Module, suffix: str) -> torch.nn.Module | None:

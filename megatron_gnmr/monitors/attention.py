@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
+from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.monitors.qkv_layout import query_and_key_matrices, split_qkv
 from megatron_gnmr.monitors.spectra import (
     d2_singular_values,
@@ -92,8 +93,9 @@ class AttentionMonitor:
         return torch.cat(parts)
 
     def _reduce_heads(self, name: str, entropies: list[float]) -> dict[str, float]:
-        totals = torch.tensor([sum(entropies), len(entropies)], dtype=torch.float64)
-        minimum = torch.tensor([min(entropies)], dtype=torch.float64)
+        totals = torch.tensor([sum(entropies), len(entropies)], dtype=torch.float64,
+                              device=run_device())
+        minimum = torch.tensor([min(entropies)], dtype=torch.float64, device=run_device())
         if torch.distributed.get_world_size(self.tp_group) > 1:
             torch.distributed.all_reduce(totals, group=self.tp_group)
             torch.distributed.all_reduce(minimum, op=torch.distributed.ReduceOp.MIN,

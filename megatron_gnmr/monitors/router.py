@@ -14,6 +14,7 @@ import torch
 from megatron.core import parallel_state
 
 from megatron_gnmr.monitors.attention import gather_over_pipeline
+from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.monitors.router_stats import (
     conditioning_ratio,
     routing_entropy,
@@ -76,7 +77,7 @@ class RouterMonitor:
                 entropy = torch.cat([e.reshape(-1) for e in self.entropies[layer]])
                 totals = torch.tensor([float(entropy.sum()), entropy.numel(),
                                        float(torch.quantile(entropy, LOW_QUANTILE)), 1.0],
-                                      dtype=torch.float64)
+                                      dtype=torch.float64, device=run_device())
                 load = self.loads[layer].clone()
                 torch.distributed.all_reduce(totals, group=group)
                 torch.distributed.all_reduce(load, group=group)

@@ -1,10 +1,15 @@
-"""What this machine can run: CUDA, Transformer Engine, FP8 GEMMs; each with the reason.
+"""What this machine can run: CUDA, Transformer Engine, each FP8 recipe; each with the reason.
 
 Modelled on `te.is_fp8_available(return_reason=True)`: a capability that is missing says
 why, so an error message can tell the user what to install or which flag to change.
 TE is imported behind `except (ImportError, RuntimeError, OSError)`: a TE wheel without its
 CUDA libraries raises RuntimeError('cudnn shared object not found.') at import, not
 ImportError, and megatron-core itself only catches ImportError.
+
+TE's own availability functions are the authority on what a GPU supports (TE >= 2.9, all
+exported from `transformer_engine.pytorch`): `is_fp8_available` (current scaling: SM 8.9+),
+`is_fp8_block_scaling_available` (SM 9.0+ and CUDA >= 12.9), `is_mxfp8_available`
+(SM 10.x). Its version is `transformer_engine.__version__` (the `pytorch` submodule has none).
 """
 
 from __future__ import annotations
@@ -25,10 +30,20 @@ class Capability:
         return self.available
 
 
+# --fp8-recipe -> the TE function that says whether this GPU runs it.
+TE_RECIPE_CHECKS = {
+    "tensorwise": "is_fp8_available",
+    "blockwise": "is_fp8_block_scaling_available",
+    "mxfp8": "is_mxfp8_available",
+}
+
+
 @functools.lru_cache(maxsize=None)
 def cuda() -> Capability:
     if torch.cuda.is_available():
-        return Capability(True, f"CUDA device: {torch.cuda.get_device_name(0)}")
+        major, minor = torch.cuda.get_device_capability(0)
+        return Capability(True, f"CUDA device: {torch.cuda.get_device_name(0)} (SM {major}.{minor}, "
+                                f"CUDA {torch.version.cuda})")
     if torch.version.cuda is None:
         return Capability(False, "torch is a CPU-only build (torch.version.cuda is None)")
     return Capability(False, "torch has CUDA support but no CUDA device is visible")
@@ -37,10 +52,11 @@ def cuda() -> Capability:
 @functools.lru_cache(maxsize=None)
 def _import_te() -> tuple[ModuleType | None, str]:
     try:
-        import transformer_engine.pytorch as te  # noqa: F401
+        import transformer_engine
+        import transformer_engine.pytorch as te
     except (ImportError, RuntimeError, OSError) as error:
         return None, f"transformer_engine cannot be imported: {type(error).__name__}: {error}"
-    return te, f"transformer_engine {getattr(te, '__version__', '?')}"
+    return te, f"transformer_engine {getattr(transformer_engine, '__version__', '?')}"
 
 
 def transformer_engine() -> Capability:
@@ -58,17 +74,23 @@ def te_module() -> ModuleType:
     return te
 
 
-def te_fp8() -> Capability:
-    """FP8 through TE on this device (Hopper/Ada/Blackwell), with TE's own reason."""
-    if not transformer_engine():
-        return transformer_engine()
-    te = te_module()
-    available, reason = te.fp8.check_fp8_support()
-    return Capability(bool(available), reason or "FP8 supported")
+def te_recipe(fp8_recipe: str) -> Capability:
+    """Whether TE runs `--fp8-recipe fp8_recipe` on this GPU, in TE's own words."""
+    found = transformer_engine()
+    if not found:
+        return found
+    te, version = _import_te()
+    check = getattr(te, TE_RECIPE_CHECKS[fp8_recipe], None)
+    if check is None:
+        return Capability(False, f"{version} has no {TE_RECIPE_CHECKS[fp8_recipe]}(); "
+                                 "megatron-core needs transformer-engine >= 2.9")
+    available, reason = check(return_reason=True)
+    return Capability(bool(available), reason or f"{version}: supported on this GPU")
 
 
-def summary() -> dict[str, str]:
-    return {
-        "cuda": cuda().reason,
-        "transformer_engine": transformer_engine().reason,
-    }
+def report() -> list[tuple[str, Capability]]:
+    """Every capability, for `scripts/gpu_check.sh` and the test header."""
+    lines = [("cuda", cuda()), ("transformer_engine", transformer_engine())]
+    if transformer_engine():
+        lines += [(f"te-fp8 {name}", te_recipe(name)) for name in TE_RECIPE_CHECKS]
+    return lines

@@ -16,12 +16,16 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from megatron_gnmr.platform import device_audit
+
 _APPLIED = False
 _DEVICE_MODE: TorchFunctionMode | None = None
 
 
 def _cpu_device(device: Any) -> Any:
     if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    if type(device) is int:  # a CUDA index, e.g. `device=torch.cuda.current_device()`
         return "cpu"
     if isinstance(device, torch.device) and device.type == "cuda":
         return torch.device("cpu")
@@ -82,10 +86,19 @@ class _NoStream:
         return True
 
 
-def _patch_cuda_runtime() -> None:
+def _patch_cuda_runtime(audit: bool) -> None:
     # `torch.cuda.current_device()`: RoPE (`rotary_pos_embedding.py`), the global memory
     # buffer (`utils.GlobalMemoryBuffer`), DDP buffers, pipeline p2p, MoE token dispatch.
-    torch.cuda.current_device = lambda: "cpu"
+    # Under the device audit it answers a CUDA index, as on a GPU (turned into CPU tensors
+    # by `CudaToCpuMode`, but counted as device tensors by the audit), except where no
+    # torch-function mode is active to do that: the autograd engine runs backward without
+    # the modes (megatron's all-to-all backward allocates with this device).
+    index = device_audit.audited_index()
+
+    def current_device():
+        return index if audit and torch._C._len_torch_function_stack() > 0 else "cpu"
+
+    torch.cuda.current_device = current_device
     # `torch.cuda.synchronize()`: pipeline `p2p_communication.py` after batched isend/irecv.
     torch.cuda.synchronize = lambda *args, **kwargs: None
     # `torch.cuda.Stream()` / `current_stream()`: MoE alltoall dispatcher, p2p comms.
@@ -180,10 +193,13 @@ def apply_cpu_patches() -> bool:
         return False
     if _APPLIED:
         return True
-    _patch_cuda_runtime()
+    audit = device_audit.active()
+    _patch_cuda_runtime(audit)
     _patch_rng_tracker()
     _patch_moe()
     _DEVICE_MODE = CudaToCpuMode()
     _DEVICE_MODE.__enter__()
+    if audit:  # entered last, so it sees each call before the CPU rewrite
+        device_audit.install()
     _APPLIED = True
     return True

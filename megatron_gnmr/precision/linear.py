@@ -10,10 +10,9 @@ function, which can measure the low path alongside.
 
 from __future__ import annotations
 
-import copy
-
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
+from megatron_gnmr.platform.megatron_compat import replace_unit_linears
 from megatron_gnmr.precision.paths import emulated_linear
 
 
@@ -44,11 +43,7 @@ class EmulatedRowParallelLinear(_PathRoutedLinear, RowParallelLinear):
 
 def emulated_layer_spec(spec):
     """A copy of a local-spec transformer layer with the four unit linears replaced."""
-    spec = copy.deepcopy(spec)
-    attention = spec.submodules.self_attention.submodules
-    mlp = spec.submodules.mlp.submodules
-    attention.linear_qkv = EmulatedColumnParallelLinear
-    attention.linear_proj = EmulatedRowParallelLinear
-    mlp.linear_fc1 = EmulatedColumnParallelLinear
-    mlp.linear_fc2 = EmulatedRowParallelLinear
-    return spec
+    return replace_unit_linears(spec, {"linear_qkv": EmulatedColumnParallelLinear,
+                                       "linear_proj": EmulatedRowParallelLinear,
+                                       "linear_fc1": EmulatedColumnParallelLinear,
+                                       "linear_fc2": EmulatedRowParallelLinear})

@@ -110,8 +110,8 @@ def build_probes(config, registry) -> ProbeBank | None:
 
     if registry is None or not config.gnmr.probed():
         return None
-    from megatron_gnmr.controller.grad_stats import stats_device
+    from megatron_gnmr.platform.device import run_device
 
     recipe = build_recipe(config.precision)
     return ProbeBank(registry.names, recipe.low, oracle="oracle" in config.gnmr.probed(),
-                     device=stats_device())
+                     device=run_device())

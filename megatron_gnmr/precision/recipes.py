@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.precision.paths import GemmPath
 from megatron_gnmr.precision.scaling import QuantSpec
+from megatron_gnmr.precision.te_backend import check_fp8_flags
 
 RECIPES = ("none", "fp8-emulated", "deepseek", "act-quant", "te-fp8")
 
@@ -32,16 +33,9 @@ class Recipe:
 EXACT = GemmPath("exact")
 
 
-def _fp8_granularity(fp8_recipe: str) -> tuple[str, str]:
-    """(activation/gradient granularity, weight granularity) for a Megatron --fp8-recipe."""
-    table = {"tensorwise": ("tensor", "tensor"), "blockwise": ("tile", "block"),
-             "mxfp8": ("mx", "mx")}
-    if fp8_recipe == "delayed":
-        raise UserError("--fp8-recipe delayed is refused: per-unit switching would skip amax "
-                        "history updates of recovered units; use tensorwise, blockwise or mxfp8")
-    if fp8_recipe not in table:
-        raise UserError(f"--fp8-recipe {fp8_recipe!r}: use tensorwise, blockwise or mxfp8")
-    return table[fp8_recipe]
+# --fp8-recipe -> (activation/gradient granularity, weight granularity)
+FP8_GRANULARITY = {"tensorwise": ("tensor", "tensor"), "blockwise": ("tile", "block"),
+                   "mxfp8": ("mx", "mx")}
 
 
 def build_recipe(config) -> Recipe | None:
@@ -50,9 +44,8 @@ def build_recipe(config) -> Recipe | None:
     if name in ("none", "te-fp8"):
         return None
     if name == "fp8-emulated":
-        act, weight = _fp8_granularity(config.fp8_recipe)
-        if config.fp8_format not in ("hybrid", "e4m3"):
-            raise UserError(f"--fp8-format {config.fp8_format!r}: use hybrid or e4m3")
+        check_fp8_flags(config.fp8_recipe, config.fp8_format)
+        act, weight = FP8_GRANULARITY[config.fp8_recipe]
         grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
         pow2 = config.fp8_recipe == "blockwise"
         low = GemmPath("fp8", QuantSpec("e4m3", act, pow2), QuantSpec("e4m3", weight, pow2),

@@ -1,26 +1,67 @@
 """The `te-fp8` recipe: Transformer Engine FP8 linears that drop to BF16 per unit and step.
 
 Megatron builds the layers from its TE spec and enters TE's FP8 autocast around each layer
-(`fp8_utils.get_fp8_context`, from `TransformerConfig.fp8` / `fp8_recipe`). A unit on the
-recovery path runs its module's forward inside a nested, *disabled* autocast: the inner
-context wins, TE re-reads the FP8 state on every forward, and a module's backward inherits
-its forward's setting, so the switch is per unit, per step, with forward and backward
-consistent. Delayed scaling is refused (`recipes._fp8_granularity`): a unit that skips FP8
-for a step would skip its amax history update.
+(`fp8_utils.get_fp8_context`, from `TransformerConfig.fp8` / `fp8_recipe`). The unit linears
+are built from subclasses of megatron's TE linears (`switchable`), whose forward runs inside
+a nested, *disabled* autocast while the plan recovers the unit: the inner context wins, TE
+re-reads the FP8 state on every forward, and a module's backward inherits its forward's
+setting (`ctx.fp8`), so the switch is per unit, per step, with forward and backward
+consistent. Delayed scaling is refused: a unit that skips FP8 for a step would skip its
+amax-history update.
 
-Written against TE's public API: `te.autocast(enabled=...)` (TE >= 2.9), falling back to
-`te.fp8_autocast(enabled=...)` on older TE; recipes from `transformer_engine.common.recipe`.
-Only imported where `capabilities.transformer_engine()` is true.
+Experts stay one TE GEMM each (`megatron_compat.te_layer_spec`), so each expert is a unit
+that switches alone. Written against TE's public API: `te.autocast(enabled=...)` (TE >= 2.9),
+else `te.fp8_autocast(enabled=...)`. Only imported where TE is.
 """
 
 from __future__ import annotations
 
 import functools
 
+from megatron_gnmr.errors import UserError
 from megatron_gnmr.platform import capabilities
+from megatron_gnmr.precision.gemm_shapes import shape_problems, unit_gemms
 
-# Megatron's --fp8-recipe names -> megatron TransformerConfig.fp8_recipe values.
-MEGATRON_FP8_RECIPE = {"tensorwise": "tensorwise", "blockwise": "blockwise", "mxfp8": "mxfp8"}
+FP8_RECIPES = ("tensorwise", "blockwise", "mxfp8")
+FP8_FORMATS = ("hybrid", "e4m3")
+# (tokens, K, N) multiples per recipe: TE's own asserts (see gemm_shapes.py).
+SHAPE_RULES = {"tensorwise": (8, 16, 8), "blockwise": (8, 16, 8), "mxfp8": (32, 32, 32)}
+
+
+def check_fp8_flags(fp8_recipe: str, fp8_format: str) -> None:
+    """The flag values every FP8 recipe shares (emulated or real)."""
+    if fp8_recipe == "delayed":
+        raise UserError("--fp8-recipe delayed is refused: per-unit switching would skip amax "
+                        "history updates of recovered units; use tensorwise, blockwise or mxfp8")
+    if fp8_recipe not in FP8_RECIPES:
+        raise UserError(f"--fp8-recipe {fp8_recipe!r}: use tensorwise, blockwise or mxfp8")
+    if fp8_format not in FP8_FORMATS:
+        raise UserError(f"--fp8-format {fp8_format!r}: use hybrid or e4m3")
+
+
+def validate_te_fp8(config) -> None:
+    """te-fp8: flags, Transformer Engine, this GPU's support for the recipe, GEMM shapes."""
+    precision = config.precision
+    check_fp8_flags(precision.fp8_recipe, precision.fp8_format)
+    te = capabilities.transformer_engine()
+    if not te:
+        raise UserError(f"--precision-recipe te-fp8 needs Transformer Engine: {te.reason}; "
+                        "use --precision-recipe fp8-emulated to emulate FP8 here")
+    support = capabilities.te_recipe(precision.fp8_recipe)
+    if not support:
+        others = [r for r in FP8_RECIPES if r != precision.fp8_recipe
+                  and capabilities.te_recipe(r)]
+        hint = f"use --fp8-recipe {' or '.join(others)}" if others else \
+            "this GPU runs no TE FP8 recipe; use --precision-recipe fp8-emulated"
+        raise UserError(f"--fp8-recipe {precision.fp8_recipe}: Transformer Engine says "
+                        f"\"{support.reason}\"; {hint}")
+    problems = shape_problems(unit_gemms(config), *SHAPE_RULES[precision.fp8_recipe])
+    if problems:
+        raise UserError(f"--precision-recipe te-fp8 --fp8-recipe {precision.fp8_recipe}: "
+                        f"{problems[0]}" + (f" (and {len(problems) - 1} more)"
+                                            if len(problems) > 1 else "")
+                        + "; change --hidden-size/--ffn-hidden-size/--micro-batch-size/"
+                          "--seq-length or the TP size")
 
 
 def disabled_fp8_autocast():
@@ -30,28 +71,29 @@ def disabled_fp8_autocast():
     return te.fp8_autocast(enabled=False)
 
 
-def te_recipe(precision_config):
-    """The TE recipe object for the flags (what megatron builds from the same config)."""
-    from transformer_engine.common import recipe
+class _RecoverySwitch:
+    """Runs the TE linear in BF16 (FP8 autocast disabled) while its unit is recovered."""
 
-    fmt = recipe.Format.HYBRID if precision_config.fp8_format == "hybrid" else recipe.Format.E4M3
-    if precision_config.fp8_recipe == "tensorwise":
-        return recipe.Float8CurrentScaling(fp8_format=fmt)
-    if precision_config.fp8_recipe == "blockwise":
-        return recipe.Float8BlockScaling(fp8_format=fmt)
-    return recipe.MXFP8BlockScaling(fp8_format=fmt)
+    unit_name: str | None = None
+    precision_runtime = None
+
+    def forward(self, *args, **kwargs):
+        runtime = self.precision_runtime
+        if runtime is not None and runtime.plan.is_recovery(self.unit_name):
+            with disabled_fp8_autocast():
+                return super().forward(*args, **kwargs)
+        return super().forward(*args, **kwargs)
 
 
-def bind_te_units(unit_modules: dict[str, object], plan) -> None:
-    """Wrap each unit's TE module so it runs in BF16 whenever the plan recovers it."""
-    for name, module in unit_modules.items():
-        original = module.forward
+@functools.lru_cache(maxsize=None)
+def switchable(te_linear: type) -> type:
+    """A subclass of one of megatron's TE linears that switches per unit."""
+    return type(f"Switchable{te_linear.__name__}", (_RecoverySwitch, te_linear), {})
 
-        @functools.wraps(original)
-        def forward(*args, _original=original, _name=name, **kwargs):
-            if plan.is_recovery(_name):
-                with disabled_fp8_autocast():
-                    return _original(*args, **kwargs)
-            return _original(*args, **kwargs)
 
-        module.forward = forward
+def switchable_layer_spec(spec):
+    """The TE layer spec with every unit linear switchable (fused-norm linears included)."""
+    from megatron_gnmr.platform.megatron_compat import replace_unit_linears, unit_linear_classes
+
+    return replace_unit_linears(spec, {name: switchable(cls)
+                                       for name, cls in unit_linear_classes(spec).items()})

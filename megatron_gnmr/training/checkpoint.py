@@ -25,6 +25,7 @@ import torch
 from megatron.core import tensor_parallel
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.platform import device
 from megatron_gnmr.training.faults import maybe_sigkill
 
 LATEST = "latest"
@@ -40,6 +41,7 @@ def rng_state() -> dict:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
         "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+        "device": device.rng_state(),
     }
 
 
@@ -48,6 +50,7 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+    device.set_rng_state(state.get("device", {}))
 
 
 def _rank_file(directory: Path, rank: int) -> Path:

@@ -12,16 +12,15 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 
 from megatron_gnmr.config import RunConfig
-from megatron_gnmr.platform import apply_cpu_patches
+from megatron_gnmr.platform import apply_cpu_patches, device
 
 
 def initialize(config: RunConfig) -> None:
     """Start torch.distributed (also for a single process) and megatron's parallel state."""
     apply_cpu_patches()
     if not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = device.distributed_backend()
+        device.select_device()
         if "WORLD_SIZE" in os.environ:  # launched by torchrun / srun
             torch.distributed.init_process_group(
                 backend=backend, timeout=timedelta(minutes=10), store=_restart_safe_store(),

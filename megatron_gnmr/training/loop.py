@@ -33,6 +33,7 @@ from megatron_gnmr.precision.probes import build_probes
 from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
+from megatron_gnmr.platform.device import run_device, to_run_device
 from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention, FaultSchedule
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.training import checkpoint
@@ -58,7 +59,7 @@ def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def _forward_step(data_iterator, model):
-    batch = next(data_iterator)
+    batch = to_run_device(next(data_iterator))
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(_loss_func, batch["loss_mask"])
 
@@ -84,9 +85,9 @@ def build_optimizer(config: RunConfig, model_chunks, clip_in_megatron: bool):
 
 def _reduce_loss(losses: list[dict]) -> float:
     """The step's mean loss on every rank (it exists on the last pipeline stage only)."""
-    value = torch.zeros(1, dtype=torch.float64)
+    value = torch.zeros(1, dtype=torch.float64, device=run_device())
     if parallel_state.is_pipeline_last_stage() and losses:
-        value[0] = sum(float(d["lm loss"]) for d in losses) / len(losses)
+        value[0] = sum(d["lm loss"].double() for d in losses) / len(losses)
     torch.distributed.all_reduce(value)
     copies = parallel_state.get_data_parallel_world_size() * \
         parallel_state.get_tensor_model_parallel_world_size()

@@ -1,0 +1,220 @@
+"""The device audit: prove on a CPU-only machine that a run follows the device rule.
+
+On a GPU, every tensor that enters an NCCL collective must live on the GPU and the optimizer
+must hold GPU parameters; on a CPU machine every tensor is a CPU tensor, so a plain CPU run
+cannot tell a tensor placed by the rule from one that forgot it. Under the audit
+(`MEGATRON_GNMR_DEVICE_AUDIT=<report prefix>`, CPU only) the rule names a CUDA device
+(`cuda:LOCAL_RANK`) and megatron's `torch.cuda.current_device()` answers that index, exactly
+as on a GPU; the CPU patches turn those requests into CPU tensors as usual, and this mode
+marks every tensor that a request for the HOST made:
+
+- a factory call (`torch.zeros`, `torch.tensor`, ...) with no device or a CPU device,
+  `torch.from_numpy`, `.cpu()`, `.to("cpu")`;
+- anything computed from host tensors alone (an op that also reads a non-host tensor runs
+  where that tensor lives, as CUDA ops do with 0-dim CPU operands).
+
+`x.device` of a device tensor answers the audited CUDA device, so `device=x.device` follows
+x as it does on a GPU.
+
+A marked tensor entering a collective, or held by an optimizer when it steps, is what NCCL
+or megatron's optimizer would refuse on a GPU: it is recorded with its call site, and each
+rank writes `<prefix>.rank<R>.json` at exit. Tensors the mode never saw (autograd's
+gradients) count as device tensors: on a GPU they follow the tensors they derive from.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import traceback
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+ENVIRONMENT = "MEGATRON_GNMR_DEVICE_AUDIT"
+_MARK = "_megatron_gnmr_on_host"
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "reduce_scatter", "broadcast", "reduce", "all_to_all_single", "all_to_all",
+               "gather", "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+def active() -> bool:
+    return bool(os.environ.get(ENVIRONMENT)) and not torch.cuda.is_available()
+
+
+def audited_index() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+AUDITED_DEVICE = torch.device("cuda", audited_index())
+_DEVICE_DESCRIPTOR = torch.Tensor.device
+
+
+def on_host(tensor) -> bool:
+    return bool(getattr(tensor, _MARK, False))
+
+
+def _set_mark(tensor, host: bool) -> None:
+    try:
+        setattr(tensor, _MARK, host)
+    except (AttributeError, RuntimeError):
+        pass
+
+
+def _names_host(device) -> bool | None:
+    """True for a CPU device, False for an accelerator, None for no device given."""
+    if device is None:
+        return None
+    if isinstance(device, torch.device):
+        return device.type == "cpu"
+    if isinstance(device, str):
+        return device.startswith("cpu")
+    if type(device) is int:
+        return False
+    return None
+
+
+def _tensors(values):
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+def _outputs(result):
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (list, tuple)):
+        return [r for r in result if isinstance(r, torch.Tensor)]
+    return []
+
+
+class HostTensorMarks(TorchFunctionMode):
+    """Marks host tensors as they are made; see the module docstring for the rules."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if getattr(func, "__self__", None) is _DEVICE_DESCRIPTOR:  # `device=x.device`: as x
+            return result if on_host(args[0]) else AUDITED_DEVICE
+        host = self._host_result(func, args, kwargs)
+        if host is not None:
+            for output in _outputs(result):
+                if not (output is (args[0] if args else None) and _in_place(func)):
+                    _set_mark(output, host)
+        return result
+
+    @staticmethod
+    def _host_result(func, args, kwargs) -> bool | None:
+        name = getattr(func, "__name__", "")
+        requested = _names_host(kwargs.get("device"))
+        if name == "cpu":
+            return True
+        if name == "cuda":
+            return False
+        if name == "to" and len(args) > 1:
+            if isinstance(args[1], torch.Tensor):
+                return on_host(args[1])
+            requested = _names_host(args[1]) if requested is None else requested
+        if requested is not None:
+            return requested
+        inputs = list(_tensors(args)) + list(_tensors(kwargs.values()))
+        if not inputs:  # a factory without a device: the host
+            return True
+        if any(on_host(t) for t in inputs):
+            return all(on_host(t) for t in inputs)
+        return False
+
+
+def _in_place(func) -> bool:
+    name = getattr(func, "__name__", "")
+    return name.endswith("_") and not name.startswith("_")
+
+
+class DeviceAudit:
+    def __init__(self, report_prefix: str):
+        self.report_prefix = report_prefix
+        self.violations: list[dict] = []
+        self.checked = {"collective_tensors": 0, "optimizer_parameters": 0}
+
+    def record(self, what: str) -> None:
+        frames = [f for f in traceback.extract_stack()[:-3]
+                  if "torch/" not in f.filename and "device_audit" not in f.filename]
+        ours = [f for f in frames if "megatron_gnmr" in f.filename]
+        site = frames[-1] if frames else None
+        entry = {"what": what,
+                 "call_site": f"{site.filename}:{site.lineno}" if site else "?",
+                 "our_caller": f"{ours[-1].filename}:{ours[-1].lineno}" if ours else None}
+        if entry not in self.violations:
+            self.violations.append(entry)
+
+    def check_collective(self, name: str, values) -> None:
+        for tensor in _tensors(values):
+            self.checked["collective_tensors"] += 1
+            if on_host(tensor):
+                self.record(f"host tensor {tuple(tensor.shape)} {tensor.dtype} in "
+                            f"torch.distributed.{name}")
+
+    def check_optimizer(self, optimizer, args, kwargs) -> None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                self.checked["optimizer_parameters"] += 1
+                if on_host(param):
+                    self.record(f"host parameter {tuple(param.shape)} in "
+                                f"{type(optimizer).__name__}.step")
+
+    def write_report(self) -> None:
+        rank = os.environ.get("RANK", "0")
+        path = f"{self.report_prefix}.rank{rank}.json"
+        with open(path, "w") as file:
+            json.dump({"violations": self.violations, "checked": self.checked}, file, indent=2)
+
+
+def _wrap_collective(audit: DeviceAudit, name: str, original):
+    @functools.wraps(original)
+    def collective(*args, **kwargs):
+        values = [*args, *kwargs.values()]
+        if name == "batch_isend_irecv":
+            values = [op.tensor for op in args[0]]
+        audit.check_collective(name, values)
+        return original(*args, **kwargs)
+
+    return collective
+
+
+def _mark_new_parameters() -> None:
+    """`nn.Parameter(data)` makes a new tensor object that the mode never sees: give it the
+    mark of its data (megatron's CPU initialisation wraps host tensors this way)."""
+    original = torch.nn.Parameter.__new__
+
+    def new(cls, data=None, requires_grad=True):
+        parameter = original(cls, data, requires_grad)
+        _set_mark(parameter, data is None or on_host(data))
+        return parameter
+
+    torch.nn.Parameter.__new__ = staticmethod(new)
+
+
+def install() -> DeviceAudit:
+    """Enter the marking mode, wrap the collectives and hook every optimizer step. Called by
+    `apply_cpu_patches` after the CPU device mode, so this mode sees each call first."""
+    audit = DeviceAudit(os.environ[ENVIRONMENT])
+    from torch.distributed import distributed_c10d
+
+    for name in COLLECTIVES:
+        wrapped = _wrap_collective(audit, name, getattr(distributed_c10d, name))
+        torch.distributed.__dict__[name] = wrapped
+        # `P2POp` checks its op against distributed_c10d's own isend/irecv. Other c10d
+        # functions stay: object collectives call them on host tensors by design.
+        if name in ("isend", "irecv"):
+            setattr(distributed_c10d, name, wrapped)
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(audit.check_optimizer)
+    _mark_new_parameters()
+    HostTensorMarks().__enter__()
+    atexit.register(audit.write_report)
+    return audit

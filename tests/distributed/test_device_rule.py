@@ -1,0 +1,75 @@
+"""The device rule, proven on a CPU: under the device audit every tensor that enters a
+collective and every parameter the optimizer steps was placed on the run's device (what NCCL
+and megatron's optimizer require on a GPU), across TP, PP and MoE/EP layouts with the
+controller, probes and both monitors on."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers import REPO, TINY, run_pretrain
+
+RUN = [*TINY, "--train-iters", "4", "--lr-warmup-iters", "1", "--eval-interval", "2",
+       "--gnmr", "--gnmr-agreement-interval", "2", "--monitors", "attention",
+       "--monitor-interval", "2", "--monitor-delta", "1"]
+LAYOUTS = {
+    "tp2_fp8_probes": ["--tensor-model-parallel-size", "2", "--precision-recipe",
+                       "fp8-emulated", "--gnmr-signals", "gnmr,qerr"],
+    "pp2": ["--pipeline-model-parallel-size", "2"],
+    "moe_ep2_router": ["--num-experts", "4", "--expert-model-parallel-size", "2",
+                       "--monitors", "attention,router"],
+}
+
+
+def audit_reports(prefix, ranks=2) -> list[dict]:
+    return [json.loads(open(f"{prefix}.rank{rank}.json").read()) for rank in range(ranks)]
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_collective_and_optimizer_tensor_is_on_the_run_device(tmp_path, layout):
+    prefix = tmp_path / "audit"
+    run_pretrain([*RUN, *LAYOUTS[layout], "--save", str(tmp_path / "run")], nproc=2,
+                 extra_env={"MEGATRON_GNMR_DEVICE_AUDIT": str(prefix)})
+    for report in audit_reports(prefix):
+        assert report["violations"] == []
+        # The audit saw the traffic it vouches for.
+        assert report["checked"]["collective_tensors"] > 20
+        assert report["checked"]["optimizer_parameters"] > 0
+
+
+AUDIT_CATCHES = textwrap.dedent("""
+    import json, os, sys
+    os.environ["MEGATRON_GNMR_DEVICE_AUDIT"] = sys.argv[1]
+    import torch
+    from megatron_gnmr.platform import apply_cpu_patches, device
+    apply_cpu_patches()
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(),
+                                         rank=0, world_size=1)
+    placed = torch.zeros(2, device=device.run_device())
+    derived = placed * 2 + 1
+    torch.distributed.all_reduce(derived)                           # fine
+    torch.distributed.all_reduce(torch.zeros(3, dtype=torch.float64))  # forgot the rule
+    torch.distributed.all_reduce(placed.cpu())                      # moved off the device
+    host = torch.nn.Linear(4, 4)                                    # never moved
+    moved = torch.nn.Linear(4, 4).to(device.run_device())
+    for module in (host, moved):
+        torch.optim.SGD(module.parameters(), lr=0.1).step()
+""")
+
+
+def test_the_audit_flags_host_tensors_and_host_parameters(tmp_path):
+    """The audit itself can fail: host tensors in a collective and an optimizer over a
+    module that was never moved are each recorded; device tensors are not."""
+    prefix = tmp_path / "audit"
+    result = subprocess.run([sys.executable, "-c", AUDIT_CATCHES, str(prefix)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = audit_reports(prefix, ranks=1)[0]
+    what = [v["what"] for v in report["violations"]]
+    assert what == ["host tensor (3,) torch.float64 in torch.distributed.all_reduce",
+                    "host tensor (2,) torch.float32 in torch.distributed.all_reduce",
+                    "host parameter (4, 4) in SGD.step", "host parameter (4,) in SGD.step"]
+    assert report["checked"] == {"collective_tensors": 3, "optimizer_parameters": 4}
