@@ -12,6 +12,7 @@ from setuptools import find_packages, setup
 # megatron-core >= 0.17 declares Python >= 3.12; 0.16.1 is the newest for 3.11. The code
 # supports both lines (0.16.1 on CPU/CI, 0.19.x on 3.12 clusters).
 MEGATRON = "megatron-core==0.16.1" if sys.version_info < (3, 12) else "megatron-core>=0.16.1"
+TORCHAO = "torchao>=0.16,<0.19"
 
 setup(
     name="megatron-gnmr",
@@ -43,9 +44,13 @@ setup(
     extras_require={
         # Tests: pytest, hypothesis for the policy's property tests,
         # and ml_dtypes, the bit-exact reference for the emulated number formats.
-        "dev": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5"],
+        # torchao: the fp8-torchao recipe's tests run on the CPU too.
+        "dev": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", TORCHAO],
         # Transformer Engine FP8 on GPU (use the NGC container's TE where possible).
         "te": ["transformer-engine[pytorch]"],
+        # Real FP8 GEMMs without Transformer Engine (--precision-recipe fp8-torchao). Its
+        # float8 internals were read at these versions (precision/torchao_compat.py).
+        "torchao": [TORCHAO],
     },
     entry_points={"console_scripts": ["megatron-gnmr=megatron_gnmr.cli:main"]},
 )

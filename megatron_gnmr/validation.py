@@ -135,6 +135,21 @@ def validate_precision(config: RunConfig) -> None:
         from megatron_gnmr.precision.te_backend import validate_te_fp8
 
         validate_te_fp8(config)
+    if precision.precision_recipe == "fp8-torchao":
+        validate_torchao(config)
+
+
+def validate_torchao(config: RunConfig) -> None:
+    """fp8-torchao: torchao installed at a version read, and `torch._scaled_mm`'s shapes."""
+    from megatron_gnmr.precision.gemm_shapes import shape_problems, unit_gemms
+    from megatron_gnmr.precision.torchao_compat import require_torchao
+
+    require_torchao()
+    problems = shape_problems(unit_gemms(config), 16, 16, 16)
+    if problems:
+        raise UserError("--precision-recipe fp8-torchao: torch._scaled_mm needs every GEMM "
+                        f"dimension to be a multiple of 16; {problems[0]}"
+                        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
 def validate_logging(config: RunConfig) -> None:

@@ -61,21 +61,26 @@ def _run(model):
     return captured, loss.detach(), grads
 
 
-def test_recovery_path_is_the_unquantized_module_bitwise(megatron_world):
+SWITCHED_RECIPES = ["fp8-emulated", "fp8-torchao"]
+
+
+@pytest.mark.parametrize("recipe", SWITCHED_RECIPES)
+def test_recovery_path_is_the_unquantized_module_bitwise(megatron_world, recipe):
     reference = _run(_model("none"))
-    recovered = _run(_model("fp8-emulated", PrecisionPlan(all_recovery=True)))
+    recovered = _run(_model(recipe, PrecisionPlan(all_recovery=True)))
     assert torch.equal(recovered[1], reference[1])
     for name, grad in reference[2].items():
         assert torch.equal(recovered[2][name], grad), name
-    low = _run(_model("fp8-emulated", PrecisionPlan()))
+    low = _run(_model(recipe, PrecisionPlan()))
     assert not torch.equal(low[1], reference[1])  # the low-cost path really quantizes
 
 
-def test_switching_one_unit_changes_only_that_unit(megatron_world):
+@pytest.mark.parametrize("recipe", SWITCHED_RECIPES)
+def test_switching_one_unit_changes_only_that_unit(megatron_world, recipe):
     switched = "layers.1.self_attention.linear_proj"
-    everything = _run(_model("fp8-emulated", PrecisionPlan(all_recovery=True)))
+    everything = _run(_model(recipe, PrecisionPlan(all_recovery=True)))
     one_low = PrecisionPlan(recovery=frozenset(set(UNITS) - {switched}))
-    partly = _run(_model("fp8-emulated", one_low))
+    partly = _run(_model(recipe, one_low))
     for name in UNITS:
         x, y = partly[0][name]
         if name == switched:

@@ -42,8 +42,8 @@ TE_RECIPE_CHECKS = {
 def cuda() -> Capability:
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
-        return Capability(True, f"CUDA device: {torch.cuda.get_device_name(0)} (SM {major}.{minor}, "
-                                f"CUDA {torch.version.cuda})")
+        return Capability(True, f"CUDA device: {torch.cuda.get_device_name(0)} "
+                                f"(SM {major}.{minor}, CUDA {torch.version.cuda})")
     if torch.version.cuda is None:
         return Capability(False, "torch is a CPU-only build (torch.version.cuda is None)")
     return Capability(False, "torch has CUDA support but no CUDA device is visible")

@@ -29,16 +29,22 @@ class _PathRoutedLinear:
         if kwargs.get("sequence_parallel"):
             raise NotImplementedError("emulated precision paths do not support sequence "
                                       "parallelism")
-        return emulated_linear(input, weight, kwargs.get("bias"), path,
-                               bool(kwargs.get("allreduce_dgrad")), self.tp_group, probe)
+        allreduce_dgrad = bool(kwargs.get("allreduce_dgrad"))
+        if path.kernel == "torchao":
+            from megatron_gnmr.precision.torchao_linear import torchao_linear
+
+            return torchao_linear(input, weight, kwargs.get("bias"), path, allreduce_dgrad,
+                                  self.tp_group, self.parallel, probe)
+        return emulated_linear(input, weight, kwargs.get("bias"), path, allreduce_dgrad,
+                               self.tp_group, probe)
 
 
 class EmulatedColumnParallelLinear(_PathRoutedLinear, ColumnParallelLinear):
-    pass
+    parallel = "column"  # weight and output split along N
 
 
 class EmulatedRowParallelLinear(_PathRoutedLinear, RowParallelLinear):
-    pass
+    parallel = "row"  # weight and input split along K
 
 
 def emulated_layer_spec(spec):

@@ -29,6 +29,9 @@ class GemmPath:
     weight: QuantSpec | None = None
     grad: QuantSpec | None = None
     saved_input: QuantSpec | None = None
+    kernel: str = "emulated"
+    """How the quantized GEMMs run: `emulated` (fake-quantized operands, float GEMMs) or
+    `torchao` (real FP8 GEMMs, `precision/torchao_linear.py`)."""
 
     @property
     def is_exact(self) -> bool:

@@ -6,6 +6,7 @@
 | `deepseek` | FP6 (`--deepseek-low-format`, E2M3 default) with 1x128 activation/gradient tiles and 128x128 weight blocks, power-of-two scales | the same at FP8 E4M3 |
 | `act-quant` | saved activation at `--act-quant-bits` (INT4 default) for the weight-gradient GEMM | saved at `--act-quant-recovery-bits` (8; 16 = exact) |
 | `te-fp8` | Transformer Engine FP8 (GPU) | BF16 under a disabled TE autocast |
+| `fp8-torchao` | real FP8 GEMMs through torchao (`torch._scaled_mm`): tensorwise or rowwise (`--fp8-recipe`) | exact (megatron's linear) |
 
 Embedding, output head, norms and the attention core are never units: they stay in the
 run's precision.
@@ -20,7 +21,7 @@ from megatron_gnmr.precision.paths import GemmPath
 from megatron_gnmr.precision.scaling import QuantSpec
 from megatron_gnmr.precision.te_backend import check_fp8_flags
 
-RECIPES = ("none", "fp8-emulated", "deepseek", "act-quant", "te-fp8")
+RECIPES = ("none", "fp8-emulated", "deepseek", "act-quant", "te-fp8", "fp8-torchao")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ FP8_GRANULARITY = {"tensorwise": ("tensor", "tensor"), "blockwise": ("tile", "bl
 
 
 def build_recipe(config) -> Recipe | None:
-    """The recipe of a `PrecisionConfig`, or None for `none` and `te-fp8` (no emulation)."""
+    """The recipe of a `PrecisionConfig`, or None for `none` and `te-fp8` (TE's own GEMMs)."""
     name = config.precision_recipe
     if name in ("none", "te-fp8"):
         return None
@@ -51,6 +52,8 @@ def build_recipe(config) -> Recipe | None:
         low = GemmPath("fp8", QuantSpec("e4m3", act, pow2), QuantSpec("e4m3", weight, pow2),
                        QuantSpec(grad_format, act, pow2))
         return Recipe(name, low, EXACT)
+    if name == "fp8-torchao":
+        return _torchao_recipe(config)
     if name == "deepseek":
         def blockwise(fmt: str) -> GemmPath:
             return GemmPath(f"{fmt}-blockwise", QuantSpec(fmt, "tile", True),
@@ -71,3 +74,20 @@ def build_recipe(config) -> Recipe | None:
         return Recipe(name, saved(config.act_quant_bits, "--act-quant-bits"),
                       saved(config.act_quant_recovery_bits, "--act-quant-recovery-bits"))
     raise UserError(f"--precision-recipe {name!r}: use one of {', '.join(RECIPES)}")
+
+
+def _torchao_recipe(config) -> Recipe:
+    """Real FP8 GEMMs through torchao: tensorwise (torchao's `tensorwise` recipe with
+    --fp8-format hybrid) or rowwise (power-of-two scales; torchao's `rowwise` recipe with
+    --fp8-format e4m3); recovery is megatron's own linear."""
+    if config.fp8_recipe not in ("tensorwise", "rowwise"):
+        raise UserError(f"--fp8-recipe {config.fp8_recipe!r} with --precision-recipe "
+                        "fp8-torchao: use tensorwise or rowwise")
+    if config.fp8_format not in ("hybrid", "e4m3"):
+        raise UserError(f"--fp8-format {config.fp8_format!r}: use hybrid or e4m3")
+    granularity, pow2 = ("tensor", False) if config.fp8_recipe == "tensorwise" else ("row", True)
+    grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
+    low = GemmPath(f"fp8-torchao-{config.fp8_recipe}", QuantSpec("e4m3", granularity, pow2),
+                   QuantSpec("e4m3", granularity, pow2), QuantSpec(grad_format, granularity, pow2),
+                   kernel="torchao")
+    return Recipe("fp8-torchao", low, EXACT)

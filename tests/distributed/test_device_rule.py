@@ -17,7 +17,8 @@ RUN = [*TINY, "--train-iters", "4", "--lr-warmup-iters", "1", "--eval-interval",
        "--monitor-interval", "2", "--monitor-delta", "1"]
 LAYOUTS = {
     "tp2_fp8_probes": ["--tensor-model-parallel-size", "2", "--precision-recipe",
-                       "fp8-emulated", "--gnmr-signals", "gnmr,qerr"],
+                       "fp8-torchao", "--ffn-hidden-size", "192",
+                       "--gnmr-signals", "gnmr,qerr"],
     "pp2": ["--pipeline-model-parallel-size", "2"],
     "moe_ep2_router": ["--num-experts", "4", "--expert-model-parallel-size", "2",
                        "--monitors", "attention,router"],

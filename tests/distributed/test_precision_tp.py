@@ -1,4 +1,5 @@
-"""Every emulated recipe quantizes under TP=2 exactly as under TP=1 (torchrun, 2 processes).
+"""Every emulated recipe (and the real-FP8 torchao recipe) quantizes under TP=2 exactly as
+under TP=1 (torchrun, 2 processes).
 
 The model's per-shard dimensions are multiples of 128, so the 1x128 tiles and 128x128
 blocks of the deepseek recipe cover the same elements in both layouts; per-tensor scales
@@ -25,6 +26,12 @@ RECIPES = {  # flags, steps compared at rtol 1e-5
                                 "blockwise"], 2),
     "deepseek": (["--precision-recipe", "deepseek"], 2),
     "act-quant": (["--precision-recipe", "act-quant", "--act-quant-bits", "3"], STEPS),
+    "fp8-torchao": (["--precision-recipe", "fp8-torchao"], 2),
+    # torchao's rowwise GEMMs round their float32 output through bf16 (its workaround for
+    # _scaled_mm's output dtypes), so a row-parallel GEMM's partial sums are rounded apart:
+    # 5e-6 relative at step 1, 3e-5 at step 2.
+    "fp8-torchao-rowwise": (["--precision-recipe", "fp8-torchao", "--fp8-recipe", "rowwise"],
+                            1),
 }
 GNMR = ["--gnmr", "--gnmr-delta", "1", "--gnmr-warmup", "2", "--gnmr-alpha", "1.05",
         "--gnmr-beta", "1.05", "--gnmr-max-o", "3"]
