@@ -29,13 +29,18 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse_config(argv)
     validate(config, launch_world_size())
 
-    from megatron_gnmr.training import distributed
+    from megatron_gnmr.errors import RunAborted
+    from megatron_gnmr.training import distributed, run_directory
     from megatron_gnmr.training.loop import Trainer
 
     distributed.initialize(config)
     trainer = Trainer(config)
     try:
         summary = trainer.run()
+    except RunAborted as error:  # stopped on purpose: torchrun must not train into it again
+        if config.training.save and distributed.is_logging_rank():
+            run_directory.mark_stopped(config.training.save, error, trainer.state.step)
+        raise
     finally:
         trainer.close()
     if config.training.save and distributed.is_logging_rank():

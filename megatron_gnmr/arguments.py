@@ -15,14 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from megatron_gnmr.config import SECTIONS, RunConfig
+from megatron_gnmr.config import SECTIONS, RunConfig, flag_name
 from megatron_gnmr.errors import UserError
-
-
-def _flag(section: str, name: str) -> str:
-    if section == "gnmr":
-        return "--gnmr" if name == "enabled" else f"--gnmr-{name.replace('_', '-')}"
-    return f"--{name.replace('_', '-')}"
 
 
 def _number(text: str) -> float | int:
@@ -81,7 +75,7 @@ def build_parser(prog: str = "pretrain_llama.py") -> argparse.ArgumentParser:
     for section in SECTIONS:
         group = parser.add_argument_group(section)
         for f, kind, doc in _fields(section):
-            flag, dest = _flag(section, f.name), f"{section}.{f.name}"
+            flag, dest = flag_name(section, f.name), f"{section}.{f.name}"
             help_text = doc.replace("%", "%%")
             if kind is bool:
                 group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
@@ -166,12 +160,15 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
         try:
             sections[section] = cls(**values.get(section, {}))
         except ValueError as error:
-            raise UserError(f"{error} (flag {_flag_for_message(str(error))})") from None
+            raise UserError(_name_the_flag(str(error))) from None
     return RunConfig(**sections)
 
 
-def _flag_for_message(message: str) -> str:
-    """Name the flag behind a `gnmr.alpha must ...` style message from a config class."""
-    key = message.split(" ", 1)[0]
+def _name_the_flag(message: str) -> str:
+    """`gnmr.alpha must ...` (a config section's check) -> `--gnmr-alpha (YAML gnmr.alpha)
+    must ...`: the user may have set it either way."""
+    key, _, rest = message.partition(" ")
     section, _, name = key.partition(".")
-    return _flag(section, name) if section in SECTIONS and name else "see --help"
+    if section in SECTIONS and name and name.isidentifier():
+        return f"{flag_name(section, name)} (YAML {key}) {rest}"
+    return f"{message} (see --help)"

@@ -1,124 +1,98 @@
-"""Cross-field checks of a RunConfig against the launch: every failure is a UserError that
+"""Checks across config sections and against the launch: every failure is a UserError that
 names the flag (or YAML key) at fault and how to fix it, raised before anything is built or
-written. Single-field rules live in the config dataclasses themselves."""
+written. Single-field rules (ranges, finiteness) live in the config dataclasses themselves
+(`config.limit`); the paths the user gives are checked in `input_files.py`.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
 
+from megatron_gnmr import input_files
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.monitors.detectors import DETECTORS
+from megatron_gnmr.training.run_directory import check_run_directory
 
 
 def validate(config: RunConfig, world_size: int) -> None:
-    """Cross-field checks that need the whole config and the launch size. Raises UserError."""
-    m, p, t = config.model, config.parallel, config.training
-    positive = {
-        "--num-layers": m.num_layers,
-        "--hidden-size": m.hidden_size,
-        "--ffn-hidden-size": m.ffn_hidden_size,
-        "--num-attention-heads": m.num_attention_heads,
-        "--seq-length": m.seq_length,
-        "--tensor-model-parallel-size": p.tensor_model_parallel_size,
-        "--pipeline-model-parallel-size": p.pipeline_model_parallel_size,
-        "--micro-batch-size": t.micro_batch_size,
-        "--global-batch-size": t.global_batch_size,
-        "--train-iters": t.train_iters,
-        "--log-interval": t.log_interval,
-        "--eval-interval": t.eval_interval,
-        "--keep-last": t.keep_last,
-        "--vocab-size": config.data.vocab_size,
-    }
-    for flag, value in positive.items():
-        if value < 1:
-            raise UserError(f"{flag} must be >= 1, got {value}")
-    for flag, value in {"--lr": t.lr, "--min-lr": t.min_lr, "--clip-grad": t.clip_grad}.items():
-        if value < 0:
-            raise UserError(f"{flag} must be >= 0, got {value}")
+    """Everything a launch can be refused for before it starts. Raises UserError."""
+    validate_model(config)
+    validate_layout(config, world_size)
+    validate_schedule(config)
+    validate_precision(config)
+    validate_logging(config)
+    validate_monitors(config)
+    validate_moe(config, world_size)
+    validate_controller(config)
+    validate_run(config)
+    input_files.check_data(config.data)
+
+
+def validate_model(config: RunConfig) -> None:
+    m = config.model
     if m.hidden_size % m.num_attention_heads:
-        raise UserError(
-            f"--hidden-size {m.hidden_size} must be divisible by --num-attention-heads "
-            f"{m.num_attention_heads}"
-        )
+        raise UserError(f"--hidden-size {m.hidden_size} must be divisible by "
+                        f"--num-attention-heads {m.num_attention_heads}")
+    if (m.hidden_size // m.num_attention_heads) % 2:
+        raise UserError(f"--hidden-size {m.hidden_size} / --num-attention-heads "
+                        f"{m.num_attention_heads} = head dimension "
+                        f"{m.hidden_size // m.num_attention_heads}: RoPE needs an even one")
     groups = m.num_query_groups or m.num_attention_heads
     if m.num_attention_heads % groups:
-        raise UserError(
-            f"--num-attention-heads {m.num_attention_heads} must be divisible by "
-            f"--num-query-groups {groups}"
-        )
+        raise UserError(f"--num-attention-heads {m.num_attention_heads} must be divisible by "
+                        f"--num-query-groups {groups}")
+
+
+def validate_layout(config: RunConfig, world_size: int) -> None:
+    m, p, t = config.model, config.parallel, config.training
+    groups = m.num_query_groups or m.num_attention_heads
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
     if m.num_attention_heads % tp or groups % tp:
         raise UserError(
             f"--tensor-model-parallel-size {tp} must divide --num-attention-heads "
-            f"{m.num_attention_heads} and --num-query-groups {groups}; pick a TP size that does"
-        )
+            f"{m.num_attention_heads} and --num-query-groups {groups}; pick a TP size that does")
     if m.ffn_hidden_size % tp:
         raise UserError(f"--tensor-model-parallel-size {tp} must divide --ffn-hidden-size")
     if m.num_layers % pp:
         raise UserError(
-            f"--pipeline-model-parallel-size {pp} must divide --num-layers {m.num_layers}"
-        )
+            f"--pipeline-model-parallel-size {pp} must divide --num-layers {m.num_layers}")
     if world_size % (tp * pp):
         raise UserError(
             f"the launch has {world_size} processes, not a multiple of TP x PP = {tp * pp}; "
-            "change --nproc_per_node or the parallel sizes"
-        )
+            "change --nproc_per_node or the parallel sizes")
     dp = world_size // (tp * pp)
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise UserError(
             f"--global-batch-size {t.global_batch_size} must be a multiple of "
-            f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}"
-        )
-    validate_precision(config)
-    if not 0 <= t.attention_fault_bits <= 10 or t.attention_fault_start < 1:
-        raise UserError("--attention-fault-bits must be in [0, 10] and --attention-fault-start "
-                        ">= 1")
-    validate_logging(config)
-    validate_monitors(config)
-    validate_moe(config, world_size)
-    if t.inject_nonfinite:
-        from megatron_gnmr.controller.units import canonical_unit_names
-        from megatron_gnmr.training.faults import parse_injections
+            f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}")
 
-        known = set(canonical_unit_names(m.num_layers, m.num_experts))
-        for units in parse_injections(t.inject_nonfinite).values():
-            for unit in units:
-                if unit not in known:
-                    raise UserError(f"--inject-nonfinite: no unit {unit!r} (names look like "
-                                    "'layers.0.mlp.linear_fc2')")
-    if config.gnmr.enabled:
-        from megatron_gnmr.controller.units import eligible_unit_names
 
-        eligible_unit_names(m.num_layers, config.gnmr.units, m.num_experts)  # raises if empty
-        validate_signals(config)
-    if t.save is None and t.save_interval:
-        raise UserError("--save-interval needs --save DIR")
-    if t.resume not in (None, "auto"):
-        raise UserError(f"--resume must be 'auto', got {t.resume!r}")
-    if t.resume == "auto" and t.save is None:
-        raise UserError("--resume auto needs --save DIR (it resumes from that directory)")
-    if not 0 <= t.lr_warmup_iters < t.train_iters:
-        raise UserError(f"--lr-warmup-iters {t.lr_warmup_iters} must be >= 0 and below "
-                        f"--train-iters {t.train_iters}")
+def validate_schedule(config: RunConfig) -> None:
+    t = config.training
+    if t.lr_warmup_iters >= t.train_iters:
+        raise UserError(f"--lr-warmup-iters {t.lr_warmup_iters} must be below --train-iters "
+                        f"{t.train_iters}")
     if t.min_lr > t.lr:
         raise UserError(f"--min-lr {t.min_lr} must not exceed --lr {t.lr}")
+    parse_split(config.data.split)
 
 
-def validate_signals(config: RunConfig) -> None:
-    gnmr, recipe = config.gnmr, config.precision.precision_recipe
-    probed = gnmr.probed()
-    if probed and recipe in ("none", "te-fp8"):
-        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} measure the "
-                        "emulated low-cost path; use --precision-recipe act-quant, "
-                        f"fp8-emulated or deepseek (not {recipe})")
-    if probed and config.parallel.expert_model_parallel_size > 1:
-        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} are not supported "
-                        "with --expert-model-parallel-size > 1 yet")
-    from megatron_gnmr.controller.signals import parse_signals
-
-    if "monitor" in parse_signals(gnmr.signals) and not config.monitor.monitors:
-        raise UserError("--gnmr-signals monitor needs --monitors attention and/or router")
+def parse_split(split: str) -> list[float]:
+    """Megatron's --split: 1 to 3 comma-separated weights (train, valid, test); training and
+    validation both need data."""
+    try:
+        weights = [float(part) for part in split.split(",")]
+    except ValueError:
+        weights = []
+    if not 1 <= len(weights) <= 3 or any(not w >= 0 or w == float("inf") for w in weights):
+        raise UserError(f"--split {split!r}: give 1 to 3 comma-separated weights >= 0 (train, "
+                        "valid, test), e.g. 95,5,0")
+    weights += [0.0] * (3 - len(weights))
+    if weights[0] <= 0 or weights[1] <= 0:
+        raise UserError(f"--split {split!r}: the train and valid weights must both be > 0 (the "
+                        "run trains on one and evaluates on the other)")
+    return weights
 
 
 def validate_precision(config: RunConfig) -> None:
@@ -160,8 +134,8 @@ def validate_logging(config: RunConfig) -> None:
     if logging.wandb_project and not config.training.save:
         raise UserError("--wandb-project needs --save DIR (W&B files are kept in the run "
                         "directory)")
-    if logging.image_interval < 0:
-        raise UserError(f"--image-interval must be >= 0, got {logging.image_interval}")
+    if logging.tensorboard_dir is not None:
+        input_files.writable_directory("--tensorboard-dir", logging.tensorboard_dir)
 
 
 def validate_monitors(config: RunConfig) -> None:
@@ -173,13 +147,9 @@ def validate_monitors(config: RunConfig) -> None:
                         "attention, router")
     if "router" in families and not config.model.num_experts:
         raise UserError("--monitors router needs an MoE model (--num-experts N)")
-    if monitor.monitor_interval < 1 or not 1 <= monitor.monitor_delta <= monitor.monitor_interval:
+    if monitor.monitor_delta > monitor.monitor_interval:
         raise UserError(f"--monitor-delta {monitor.monitor_delta} must be in [1, "
                         f"--monitor-interval {monitor.monitor_interval}]")
-    if monitor.monitor_band <= 0 or monitor.monitor_patience < 1 or \
-            monitor.monitor_baseline_samples < 2:
-        raise UserError("--monitor-band must be > 0, --monitor-patience >= 1 and "
-                        "--monitor-baseline-samples >= 2")
     if monitor.monitor_detector not in DETECTORS:
         raise UserError(f"--monitor-detector {monitor.monitor_detector!r}: use one of "
                         f"{', '.join(DETECTORS)}")
@@ -188,14 +158,7 @@ def validate_monitors(config: RunConfig) -> None:
     if monitor.monitor_detector == "online" and monitor.monitor_reference:
         raise UserError("--monitor-reference uses the reference detector; drop "
                         "--monitor-detector online or the references")
-    if monitor.monitor_trend_window < 3 or monitor.monitor_trend_horizon < 0 or \
-            monitor.monitor_reference_smooth < 1:
-        raise UserError("--monitor-trend-window must be >= 3, --monitor-trend-horizon >= 0 "
-                        "and --monitor-reference-smooth >= 1")
-    for run_dir in monitor.monitor_reference:
-        if not (Path(run_dir) / "metrics.jsonl").is_file():
-            raise UserError(f"--monitor-reference {run_dir}: no metrics.jsonl there (a "
-                            "reference is the --save directory of a finished healthy run)")
+    input_files.check_references(monitor.monitor_reference)
 
 
 def validate_moe(config: RunConfig, world_size: int) -> None:
@@ -205,9 +168,9 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
         if ep != 1:
             raise UserError("--expert-model-parallel-size needs an MoE model (--num-experts N)")
         return
-    if m.num_experts < 2 or not 1 <= m.moe_router_topk <= m.num_experts:
-        raise UserError(f"--num-experts {m.num_experts} must be >= 2 and --moe-router-topk "
-                        f"{m.moe_router_topk} in [1, num experts]")
+    if m.moe_router_topk > m.num_experts:
+        raise UserError(f"--moe-router-topk {m.moe_router_topk} must not exceed --num-experts "
+                        f"{m.num_experts}")
     if m.num_experts % ep:
         raise UserError(f"--expert-model-parallel-size {ep} must divide --num-experts "
                         f"{m.num_experts}")
@@ -220,3 +183,59 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
         raise UserError(f"--precision-recipe {config.precision.precision_recipe} with "
                         "--num-experts is not supported yet (te-fp8 is); the MoE model runs in "
                         "the run's precision")
+
+
+def validate_controller(config: RunConfig) -> None:
+    m, t, gnmr = config.model, config.training, config.gnmr
+    if t.inject_nonfinite:
+        from megatron_gnmr.controller.units import canonical_unit_names
+        from megatron_gnmr.training.faults import parse_injections
+
+        known = set(canonical_unit_names(m.num_layers, m.num_experts))
+        for units in parse_injections(t.inject_nonfinite).values():
+            for unit in units:
+                if unit not in known:
+                    raise UserError(f"--inject-nonfinite: no unit {unit!r} (names look like "
+                                    "'layers.0.mlp.linear_fc2')")
+    for flag, pattern in (("--gnmr-units", gnmr.units), ("--gnmr-static-units",
+                                                          gnmr.static_units)):
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise UserError(f"{flag} {pattern!r}: not a valid regex ({error})") from None
+    if not gnmr.enabled:
+        return
+    from megatron_gnmr.controller.units import eligible_unit_names
+
+    eligible_unit_names(m.num_layers, gnmr.units, m.num_experts)  # raises if it matches none
+    probed = gnmr.probed()
+    recipe = config.precision.precision_recipe
+    if probed and recipe in ("none", "te-fp8"):
+        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} measure the "
+                        "low-cost path where it quantizes; use --precision-recipe act-quant, "
+                        f"fp8-emulated, deepseek or fp8-torchao (not {recipe})")
+    if probed and config.parallel.expert_model_parallel_size > 1:
+        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} are not supported "
+                        "with --expert-model-parallel-size > 1 yet")
+    from megatron_gnmr.controller.signals import parse_signals
+
+    if "monitor" in parse_signals(gnmr.signals) and not config.monitor.monitors:
+        raise UserError("--gnmr-signals monitor needs --monitors attention and/or router")
+
+
+def validate_run(config: RunConfig) -> None:
+    """--save, --load, --resume, --overwrite."""
+    t = config.training
+    if t.save is None and t.save_interval:
+        raise UserError("--save-interval needs --save DIR")
+    if t.resume not in (None, "auto"):
+        raise UserError(f"--resume must be 'auto', got {t.resume!r}")
+    if t.resume == "auto" and t.save is None:
+        raise UserError("--resume auto needs --save DIR (it resumes from that directory)")
+    if t.overwrite and (t.save is None or t.resume == "auto"):
+        raise UserError("--overwrite starts a new run in --save DIR (deleting its checkpoints);"
+                        " it needs --save and contradicts --resume auto")
+    if t.save is not None:
+        input_files.writable_directory("--save", t.save)
+    input_files.check_load(t.load)
+    check_run_directory(t)

@@ -1,15 +1,17 @@
 """The controller inside a training run: statistics -> policy -> next step's plan.
 
-`Controller.observe` is called once per optimizer step, after the gradients are reduced and
-before the optimizer step. It owns the one all-reduce of the statistics (`GradStats`: norms
-and, when signals need them, the precision probes' sums), the other risk signals
-(`SignalScores`), the pure policy, the `PrecisionPlan` the precision backends read, and the
+`Controller.after_backward` is the trainer's one call per optimizer step, after the
+gradients are reduced and before the update (`outcome.StepOutcome`). It owns the one
+all-reduce of the statistics (`GradStats`: norms and, when signals need them, the precision
+probes' sums), the other risk signals (`SignalScores`), the pure policy, the
+`PrecisionPlan` the precision backends read, clipping with the same global norm, and the
 trace.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import deque
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import torch
 
 from megatron_gnmr.config import GNMRRunConfig
 from megatron_gnmr.controller.grad_stats import GradStats, StepGradStats
+from megatron_gnmr.controller.outcome import StepOutcome
 from megatron_gnmr.controller.policy import Decision, GNMRPolicy
 from megatron_gnmr.controller.signals import SignalScores, parse_signals, relative_errors
 from megatron_gnmr.controller.trace import TraceWriter
@@ -37,8 +40,11 @@ class ControllerDisagreement(RunAborted):
 class Controller:
     def __init__(self, config: GNMRRunConfig, registry: UnitRegistry,
                  model_chunks: list[torch.nn.Module], plan: PrecisionPlan, group=None,
-                 expert_parallel: bool = False, probes=None, seed: int = 0):
+                 expert_parallel: bool = False, probes=None, seed: int = 0,
+                 clip_grad: float = 0.0, faults=None):
         self.config = config
+        self.clip_grad = clip_grad
+        self.faults = faults  # test-only hooks (training.faults.FaultHooks), or None
         self.registry = registry
         self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes)
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
@@ -51,7 +57,7 @@ class Controller:
         self.signal_scores = SignalScores(self.signals, registry.names,
                                           **{k: v for k, v in self.signal_settings.items()
                                              if k != "signals"})
-        self.firing: set[tuple[str, int]] = set()  # (monitor family, layer) alarms firing
+        self.firing: set[tuple[str, int]] = set()  # the alarms of the last decision
         self.plan = plan
         self.trace: TraceWriter | None = None
         # The last steps' scores and decisions, for the images logged during training
@@ -62,7 +68,36 @@ class Controller:
         self.trace = TraceWriter(Path(run_dir) / "gnmr_trace.jsonl", self.registry.names,
                                  self.config.policy_config(), resume_step, self.signal_settings)
 
-    def observe(self, stats: StepGradStats, step: int) -> Decision:
+    @property
+    def unit_names(self) -> list[str]:
+        return self.registry.names
+
+    def after_backward(self, step: int, optimizer, loss: float,
+                       firing: set[tuple[str, int]]) -> StepOutcome:
+        """Step `step`'s statistics -> the decision for step `step + 1`, then clipping and
+        megatron's gradient preparation unless something is non-finite. `firing`: the
+        (monitor family, layer) alarms firing now, for the `monitor` signal."""
+        stats = self.grad_stats.compute(float(optimizer.get_loss_scale()))
+        decision = self.observe(stats, step, firing)
+        if self.faults is not None:
+            self.faults.corrupt_controller(step, self.policy)
+        interval = self.config.agreement_interval
+        if interval and step % interval == 0:
+            self.verify_agreement(step)
+        metrics = self.metrics(decision)
+        nonfinite = [self.registry.names[u] for u in decision.nonfinite]
+        if not math.isfinite(stats.total_norm) and not nonfinite:
+            nonfinite.append("non-unit")
+        if not math.isfinite(loss):
+            nonfinite.append("loss")
+        if nonfinite:
+            return StepOutcome(stats.total_norm, False, tuple(nonfinite), metrics)
+        self.grad_stats.clip_(stats.total_norm, self.clip_grad)
+        found_inf = optimizer.prepare_grads()
+        return StepOutcome(stats.total_norm, not found_inf, (), metrics)
+
+    def observe(self, stats: StepGradStats, step: int,
+                firing: set[tuple[str, int]] = frozenset()) -> Decision:
         """Decide the recovery set for step `step + 1` from step `step`'s statistics."""
         measured = {}
         if stats.probe_sums is not None:
@@ -70,7 +105,8 @@ class Controller:
             measured = {name: values for name, values in (("qerr", qerr), ("oracle", oracle))
                         if name in self.probed}
         scores = self.signal_scores.scores(measured.get("qerr"), measured.get("oracle"),
-                                           self.firing)
+                                           firing)
+        self.firing = set(firing)
         decision = self.policy.step(stats.unit_norms, self.signal_scores.combined(scores),
                                     use_gnmr="gnmr" in self.signals)
         self.plan.advance([self.registry.names[u] for u in decision.recovery], step + 1)
@@ -103,17 +139,21 @@ class Controller:
         )
 
     def _digest(self) -> int:
-        state = self.policy.state_dict()
+        """A hash of ALL controller state: policy histories and locks, the plan, the other
+        signals' state (qerr history, the random baseline's generator), firing alarms."""
         sha = hashlib.sha256()
-        for key in sorted(state):
-            sha.update(key.encode())
-            sha.update(np.ascontiguousarray(state[key]).tobytes())
+        _hash_into(sha, self.state_dict())
         return int.from_bytes(sha.digest()[:8], "little") >> 2  # fits int64 with room to negate
+
+    def summary(self) -> dict:
+        return {f"gnmr/{key}": value for key, value in self.policy.summary().items()}
 
     def recent_run_log(self, name: str):
         """The recent window as a report `RunLog` (recovery shown in the step it runs)."""
         from megatron_gnmr.observe.report import RunLog
 
+        if not self.recent:
+            return None
         steps = [step for step, _, _ in self.recent]
         gnmr = np.array([scores for _, scores, _ in self.recent])
         recovery = np.zeros_like(gnmr, dtype=bool)
@@ -143,10 +183,26 @@ class Controller:
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.plan.load_state_dict(state["plan"])
-        if "signals" in state:
-            self.signal_scores.load_state_dict(state["signals"])
-            self.firing = {tuple(f) for f in state["firing"]}
+        self.signal_scores.load_state_dict(state["signals"])
+        self.firing = {tuple(f) for f in state["firing"]}
 
     def close(self) -> None:
         if self.trace is not None:
             self.trace.close()
+
+
+def _hash_into(sha, value) -> None:
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            sha.update(str(key).encode())
+            _hash_into(sha, value[key])
+    elif isinstance(value, (list, tuple)):
+        sha.update(b"[")
+        for item in value:
+            _hash_into(sha, item)
+        sha.update(b"]")
+    elif isinstance(value, np.ndarray):
+        sha.update(f"{value.dtype}{value.shape}".encode())
+        sha.update(np.ascontiguousarray(value).tobytes())
+    else:
+        sha.update(repr(value).encode())

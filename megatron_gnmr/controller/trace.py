@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -39,6 +40,8 @@ class TraceWriter:
     def __init__(self, path: Path, unit_names: list[str], config: GNMRConfig, resume_step: int,
                  signal_settings: dict | None = None):
         self.path = path
+        if path.exists() and resume_step == 0:  # a fresh start: another run's trace goes
+            path.unlink()
         if path.exists():  # steps past the checkpoint (or a crash's cut line) are redone
             _truncate_after(path, resume_step)
         new = not path.exists() or path.stat().st_size == 0
@@ -64,6 +67,7 @@ class TraceWriter:
 
 
 def _truncate_after(path: Path, step: int) -> None:
+    """Keep the header and the complete records of steps <= `step`, rewritten atomically."""
     kept = []
     for line in path.read_text().splitlines():
         try:
@@ -72,7 +76,9 @@ def _truncate_after(path: Path, step: int) -> None:
             continue  # a line cut by a crash
         if record.get("step", 0) <= step:
             kept.append(line + "\n")
-    path.write_text("".join(kept))
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(kept))
+    os.replace(partial, path)
 
 
 @dataclasses.dataclass

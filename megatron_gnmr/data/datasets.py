@@ -10,9 +10,11 @@ without broadcasting batches.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy
 import torch
 from megatron.core import parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import (
@@ -21,7 +23,6 @@ from megatron.core.datasets.blended_megatron_dataset_builder import (
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
 from megatron_gnmr.config import RunConfig
-from megatron_gnmr.data.indexed import check_indexed_dataset
 from megatron_gnmr.data.prepare import prepare_data
 from megatron_gnmr.data.tokenizer import Tokenizer
 from megatron_gnmr.errors import UserError
@@ -34,26 +35,23 @@ class DataSource:
     unigram_entropy: float | None  # nats, when known from prepare-data
 
 
-def resolve_data(config: RunConfig) -> DataSource:
-    """The data prefix and tokenizer for this run, preparing Shakespeare if none is given.
+def prepare_default_data(config: RunConfig) -> None:
+    """Without --data-path: fetch and prepare the Shakespeare corpus (cached). Run by one rank
+    while the others wait (it writes the shared cache)."""
+    if config.data.data_path is None:
+        prepare_data(config.data.data_cache_dir, config.data.vocab_size, quiet=False)
 
-    Only global rank 0 prepares; the others wait at a barrier and then read the cache.
-    """
+
+def resolve_data(config: RunConfig) -> DataSource:
+    """The data prefix and tokenizer for this run (after `prepare_default_data`)."""
     data = config.data
     if data.data_path is None:
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        if rank == 0:
-            prepare_data(data.data_cache_dir, data.vocab_size, quiet=False)
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()
         prepared = prepare_data(data.data_cache_dir, data.vocab_size, quiet=True)
         return DataSource(prepared.prefix, Tokenizer(prepared.tokenizer_model),
                           prepared.meta["unigram_entropy_nats"])
-    check_indexed_dataset(data.data_path)
+    # The files were checked before the launch (`input_files.check_data`).
     model_path = data.tokenizer_model or str(Path(data.data_path).parent / "tokenizer.model")
-    if not Path(model_path).is_file():
-        raise UserError(f"--tokenizer-model {model_path}: no such file (needed with --data-path)")
-    return DataSource(data.data_path, Tokenizer(model_path), None)
+    return DataSource(data.data_path, Tokenizer(model_path, flag="--tokenizer-model"), None)
 
 
 def build_datasets(config: RunConfig, source: DataSource, eval_batches: int):
@@ -71,7 +69,7 @@ def build_datasets(config: RunConfig, source: DataSource, eval_batches: int):
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
-        path_to_cache=None,
+        path_to_cache=str(private_index_cache(config.data.data_cache_dir)),
         mmap_bin_files=True,
     )
     try:
@@ -84,6 +82,47 @@ def build_datasets(config: RunConfig, source: DataSource, eval_batches: int):
     if train is None or valid is None:
         raise UserError(f"--split {config.data.split}: needs non-zero train and valid weights")
     return train, valid
+
+
+def private_index_cache(data_cache_dir: str) -> Path:
+    """Where megatron caches its dataset indices, checked before megatron reads them.
+
+    megatron-core keeps them beside the data by default and reads them with
+    `numpy.load(allow_pickle=True)`: whoever can write beside a shared dataset could run code
+    in every job that reads it, and a read-only data directory fails. Here they live in
+    `<--data-cache-dir>/index-cache`, created private (0700), refused if another user owns it
+    or others may write it, and every cached array must be a plain numeric .npy (an object
+    array, the only kind that unpickles, is deleted and rebuilt).
+    """
+    cache = Path(data_cache_dir) / "index-cache"
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"--data-cache-dir {data_cache_dir}: cannot create {cache} "
+                        f"({error.strerror}); choose a writable directory") from None
+    status = cache.stat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o022:
+        raise UserError(f"--data-cache-dir {data_cache_dir}: {cache} is not private (owned by "
+                        f"uid {status.st_uid}, mode {oct(status.st_mode & 0o777)}); megatron "
+                        "loads its index files with pickle enabled, so it must be yours alone "
+                        "(chmod 700, or choose another --data-cache-dir)")
+    for array in cache.glob("*.npy"):
+        if not _plain_npy(array):
+            array.unlink()
+    return cache
+
+
+def _plain_npy(path: Path) -> bool:
+    """A .npy whose header describes a numeric (never pickled) array."""
+    try:
+        with open(path, "rb") as file:
+            version = numpy.lib.format.read_magic(file)
+            read_header = (numpy.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else numpy.lib.format.read_array_header_2_0)
+            _, _, dtype = read_header(file)
+    except (OSError, ValueError):
+        return False
+    return not dtype.hasobject
 
 
 class BatchReader:

@@ -36,7 +36,9 @@ def write_indexed_dataset(token_documents: Iterable[list[int]], prefix: Path) ->
 
 _INDEX_MAGIC = b"MMIDIDX\x00\x00"
 _HEADER_BYTES = 34  # magic 9 + version 8 + dtype code 1 + sequence count 8 + document count 8
-_DTYPE_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 4, 7: 8, 8: 2}  # megatron's DType codes
+# megatron's `indexed_dataset.DType` codes -> numpy dtypes
+_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+           7: np.float32, 8: np.uint16}
 
 
 def check_indexed_dataset(prefix: str, flag: str = "--data-path") -> None:
@@ -62,7 +64,7 @@ def _index_problem(idx: Path, bin_path: Path) -> str | None:
     version = struct.unpack_from("<Q", raw, 9)[0]
     code = raw[17]
     sequences, documents = struct.unpack_from("<QQ", raw, 18)
-    if version != 1 or code not in _DTYPE_BYTES:
+    if version != 1 or code not in _DTYPES:
         return f"{idx.name} has an unknown version {version} or dtype code {code}"
     expected = _HEADER_BYTES + sequences * (4 + 8) + documents * 8
     if len(raw) < expected:
@@ -70,8 +72,30 @@ def _index_problem(idx: Path, bin_path: Path) -> str | None:
     if sequences == 0:
         return f"{idx.name} holds no sequences"
     lengths = np.frombuffer(raw, dtype=np.int32, count=sequences, offset=_HEADER_BYTES)
-    tokens_bytes = int(lengths.astype(np.int64).sum()) * _DTYPE_BYTES[code]
+    tokens_bytes = int(lengths.astype(np.int64).sum()) * np.dtype(_DTYPES[code]).itemsize
     if bin_path.stat().st_size != tokens_bytes:
         return (f"{bin_path.name} has {bin_path.stat().st_size} bytes but the index describes "
                 f"{tokens_bytes}")
     return None
+
+
+def dataset_fingerprint(prefix: str) -> str:
+    """What identifies a dataset for a resume: its sequence and document counts and the
+    size of its index (moving the files keeps it; another dataset changes it)."""
+    idx = Path(prefix + ".idx")
+    raw = idx.read_bytes()[:_HEADER_BYTES]
+    sequences, documents = struct.unpack_from("<QQ", raw, 18)
+    return f"{sequences} sequences, {documents} documents, {idx.stat().st_size} index bytes"
+
+
+def check_token_range(prefix: str, vocab_size: int, flag: str = "--data-path",
+                      sample_tokens: int = 1 << 22) -> None:
+    """The tokenizer must cover the data: the largest token id in the first
+    `sample_tokens` tokens must be below its vocabulary (a data file written by another
+    tokenizer fails here instead of in an embedding lookup)."""
+    raw = Path(prefix + ".idx").read_bytes()[:_HEADER_BYTES]
+    tokens = np.fromfile(prefix + ".bin", dtype=_DTYPES[raw[17]], count=sample_tokens)
+    if tokens.size and int(tokens.max()) >= vocab_size:
+        raise UserError(f"{flag} {prefix}: holds token id {int(tokens.max())}, beyond the "
+                        f"tokenizer's vocabulary of {vocab_size}; use the tokenizer the data "
+                        "was written with (--tokenizer-model)")

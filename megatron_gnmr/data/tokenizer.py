@@ -52,13 +52,17 @@ def _lines(documents: Iterable[str]):
 class Tokenizer:
     """A trained SentencePiece model, in the shape megatron-core's datasets expect."""
 
-    def __init__(self, model_path: str | Path):
+    def __init__(self, model_path: str | Path, flag: str = "tokenizer model"):
         path = Path(model_path)
         if not path.is_file():
-            raise UserError(f"tokenizer model {path}: no such file (run `megatron-gnmr "
-                            "prepare-data`, or pass --tokenizer-model)")
+            raise UserError(f"{flag} {path}: no such file (run `megatron-gnmr prepare-data`, "
+                            "or pass --tokenizer-model)")
         self.model_path = path
-        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as error:
+            raise UserError(f"{flag} {path}: not a SentencePiece model "
+                            f"({str(error).splitlines()[0][:120]})") from None
         self.vocab_size = self._sp.get_piece_size()
         self.eod = self.eos = EOS_ID
         self.pad = PAD_ID

@@ -77,3 +77,22 @@ class MonitorSuite:
         self.alarms.load_state_dict(state["alarms"])
         if self.attention is not None and state.get("attention"):
             self.attention.load_state_dict(state["attention"])
+
+
+class NoMonitors:
+    """The stand-in when no monitor runs: nothing measured, nothing firing, no state."""
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> tuple[dict, list[dict]]:
+        return {}, []
+
+    def firing(self) -> set[tuple[str, int]]:
+        return set()
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state) -> None:
+        pass

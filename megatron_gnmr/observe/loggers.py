@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,12 +47,11 @@ class JsonlLogger:
     """One JSON object per line, flushed per record: readable while the run is going and
     after it crashed. Metrics records have `step`; events also have `event`."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, resume_step: int = 0):
         path.parent.mkdir(parents=True, exist_ok=True)
-        cut = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
+        if path.exists():  # records past the resumed step (a crash's, or a cut line) go
+            keep_records_up_to(path, resume_step if resume_step > 0 else -1)
         self.file = path.open("a", buffering=1)
-        if cut:  # a crash cut the last record: start the resumed run on a fresh line
-            self.file.write("\n")
 
     def log(self, step: int, metrics: dict) -> None:
         record = {"step": step, "time": round(time.time(), 3)}
@@ -66,6 +66,21 @@ class JsonlLogger:
 
     def close(self) -> None:
         self.file.close()
+
+
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Rewrite a JSONL log (atomically) with only its complete records of steps <= `step`."""
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if record.get("step", 0) <= step:
+            kept.append(line + "\n")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(kept))
+    os.replace(partial, path)
 
 
 class ConsoleLogger:
@@ -132,24 +147,29 @@ class MultiLogger:
             logger.close()
 
 
-def build_loggers(config, run_dir: str | None, rank: int):
-    """The loggers this rank should have. W&B and TensorBoard are imported only when on."""
+def build_loggers(config, run_dir: str | None, rank: int, resume_step: int = 0):
+    """The loggers this rank should have. W&B and TensorBoard are imported only when on; if
+    one fails to start, the ones already started are closed before the error goes on."""
     logging = config.logging
     total = config.training.train_iters
     if rank != 0:
         return ConsoleLogger(total, prefix=f"[rank {rank}] ") if logging.log_all_ranks \
             else NullLogger()
     loggers: list = [ConsoleLogger(total)]
-    if run_dir:
-        loggers.append(JsonlLogger(Path(run_dir) / "metrics.jsonl"))
-    if logging.wandb_project and logging.wandb_mode != "disabled":
-        from megatron_gnmr.observe.wandb_logger import WandbLogger
+    try:
+        if run_dir:
+            loggers.append(JsonlLogger(Path(run_dir) / "metrics.jsonl", resume_step))
+        if logging.wandb_project and logging.wandb_mode != "disabled":
+            from megatron_gnmr.observe.wandb_logger import WandbLogger
 
-        loggers.append(WandbLogger(Path(run_dir), config.to_dict(), logging.wandb_project,
-                                   logging.wandb_exp_name, logging.wandb_entity,
-                                   logging.wandb_mode))
-    if logging.tensorboard_dir:
-        from megatron_gnmr.observe.tensorboard_logger import TensorBoardLogger
+            loggers.append(WandbLogger(Path(run_dir), config.to_dict(), logging.wandb_project,
+                                       logging.wandb_exp_name, logging.wandb_entity,
+                                       logging.wandb_mode))
+        if logging.tensorboard_dir:
+            from megatron_gnmr.observe.tensorboard_logger import TensorBoardLogger
 
-        loggers.append(TensorBoardLogger(Path(logging.tensorboard_dir)))
+            loggers.append(TensorBoardLogger(Path(logging.tensorboard_dir)))
+    except BaseException:
+        MultiLogger(loggers).close()
+        raise
     return MultiLogger(loggers)

@@ -1,23 +1,35 @@
-"""Checkpoints that are either complete or invisible.
+"""Checkpoints that are either complete or invisible, hold data and never code, and are
+never lost to a later run.
 
 Layout: `<dir>/checkpoints/iter_0000100/{rank_00000.pt, ..., meta.json}` and
-`<dir>/checkpoints/latest` naming the newest complete one. Every rank writes its own
-shard (model, optimizer, scheduler, RNG, data position, controller state) into
-`iter_*.tmp/` under a temporary file name; after a barrier rank 0 writes `meta.json`,
-renames the directory, and only then replaces `latest` (write-then-rename). A kill at any
-moment leaves the previous checkpoint and `latest` untouched.
+`<dir>/checkpoints/latest` naming the newest complete one. Every rank writes its own shard
+(model, optimizer, scheduler, RNG, data position, controller and monitor state, as plain
+data: `safe_state.py`) into `iter_*.tmp/` under a temporary name, fsyncs it and records its
+size and sha256; rank 0 writes `meta.json` (the shards' sizes and hashes, the settings a
+resume depends on), renames the directory, replaces `latest` (write, fsync, rename) and only
+then prunes: complete checkpoints OLDER than the one just written (by parsed step number),
+beyond `--keep-last`. A kill at any moment leaves the previous checkpoint and `latest`
+intact.
+
+Loading: rank 0 lists the candidates (the one `latest` names, then the others, newest
+first; `latest` is accepted only if it names an `iter_<step>` directory inside the run),
+skips any whose meta.json or shard sizes are wrong, and broadcasts its choice; every rank
+checks its shard's sha256, and a candidate any rank finds corrupt is passed over (with a
+warning) for the next intact one. Shards are read with `torch.load(weights_only=True)`.
 
 Why not megatron's `dist_checkpointing`: it reshards across layouts, which this project does
-not need yet, and its CPU path was not verified here; the per-rank format below is exact
-for a fixed layout and the layout is checked on load.
+not need yet; the per-rank format is exact for a fixed layout, checked on load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +38,13 @@ from megatron.core import tensor_parallel
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.platform import device
-from megatron_gnmr.training.faults import maybe_sigkill
+from megatron_gnmr.platform.device import run_device
+from megatron_gnmr.training.faults import NO_FAULTS
+from megatron_gnmr.training.safe_state import from_plain, to_plain
 
 LATEST = "latest"
+FORMAT = 2  # meta.json format: shard hashes and the resume settings
+ITERATION = re.compile(r"iter_(\d{7,})")
 
 
 def checkpoint_root(run_dir: str) -> Path:
@@ -50,14 +66,67 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
-    device.set_rng_state(state.get("device", {}))
+    device.set_rng_state(state["device"])
 
 
 def _rank_file(directory: Path, rank: int) -> Path:
     return directory / f"rank_{rank:05d}.pt"
 
 
-def save_checkpoint(run_dir: str, step: int, shard: dict, meta: dict, keep_last: int) -> Path:
+def step_of(path: Path) -> int | None:
+    match = ITERATION.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
+# -- writing ---------------------------------------------------------------------------
+class _HashingWriter:
+    """A file that hashes what torch.save writes into it (no second read of the shard)."""
+
+    def __init__(self, file):
+        self.file, self.sha256, self.size = file, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _fsync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Write-then-rename, with the file and its directory fsynced."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+    _fsync_directory(path.parent)
+
+
+def _write_shard(staging: Path, rank: int, shard: dict) -> dict:
+    partial = staging / f".rank_{rank:05d}.pt.partial"
+    with open(partial, "wb") as file:
+        writer = _HashingWriter(file)
+        torch.save(to_plain(shard), writer)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, _rank_file(staging, rank))
+    return {"file": _rank_file(staging, rank).name, "size": writer.size,
+            "sha256": writer.sha256.hexdigest()}
+
+
+def save_checkpoint(run_dir: str, step: int, shard: dict, meta: dict, keep_last: int,
+                    faults=NO_FAULTS) -> Path:
     """Collective: every rank calls it with its own shard."""
     rank = torch.distributed.get_rank()
     root = checkpoint_root(run_dir)
@@ -67,90 +136,163 @@ def save_checkpoint(run_dir: str, step: int, shard: dict, meta: dict, keep_last:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     torch.distributed.barrier()
-    partial = staging / f".rank_{rank:05d}.pt.partial"
-    torch.save(shard, partial)
-    os.replace(partial, _rank_file(staging, rank))
-    maybe_sigkill(step, "save")  # reliability tests: die with the checkpoint half written
-    torch.distributed.barrier()
+    record = _write_shard(staging, rank, shard)
+    faults.maybe_kill(step, "save")  # reliability tests: die with the checkpoint half written
+    records = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(records, record)
     if rank == 0:
-        meta = dict(meta, step=step, world_size=torch.distributed.get_world_size())
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2))
-        if final.exists():
+        meta = dict(meta, format=FORMAT, step=step,
+                    world_size=torch.distributed.get_world_size(),
+                    shards={r["file"]: {"size": r["size"], "sha256": r["sha256"]}
+                            for r in records})
+        _write_durably(staging / "meta.json", json.dumps(meta, indent=2))
+        _fsync_directory(staging)
+        if final.exists():  # the same step written again: the new one replaces it
             shutil.rmtree(final)
         os.replace(staging, final)
-        _write_atomically(root / LATEST, final.name)
-        _prune(root, keep_last)
+        _fsync_directory(root)
+        _write_durably(root / LATEST, final.name)
+        _prune_older(root, step, keep_last)
     torch.distributed.barrier()
     return final
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+def _prune_older(root: Path, step: int, keep_last: int) -> None:
+    """Delete complete checkpoints older than `step` beyond the newest `keep_last` (counting
+    the one at `step`). Newer ones (another run's, kept by --load) are never touched."""
+    older = sorted((s, p) for p in root.iterdir() if p.is_dir() and (s := step_of(p)) is not None
+                   and s < step and (p / "meta.json").is_file())
+    for _, path in older[: max(0, len(older) - (keep_last - 1))]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
-def _prune(root: Path, keep_last: int) -> None:
-    complete = sorted(p for p in root.glob("iter_*") if p.is_dir() and not p.name.endswith(".tmp"))
-    for old in complete[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
+# -- reading ---------------------------------------------------------------------------
 def latest_checkpoint(run_dir: str) -> Path | None:
-    """The newest complete checkpoint of a run directory, or None if it has none."""
+    """The checkpoint `latest` names, if that is an `iter_<step>` directory inside the run
+    with a meta.json; None otherwise."""
     root = checkpoint_root(run_dir)
     pointer = root / LATEST
     if not pointer.is_file():
         return None
-    directory = root / pointer.read_text().strip()
+    name = pointer.read_text().strip()
+    if not ITERATION.fullmatch(name):
+        return None
+    directory = root / name
     return directory if (directory / "meta.json").is_file() else None
 
 
-def find_checkpoint(load: str) -> Path:
-    """`--load DIR`: a run directory (its latest) or one `iter_*` directory."""
-    path = Path(load)
-    if (path / "meta.json").is_file():
-        return path
-    found = latest_checkpoint(load)
-    if found is None:
-        raise UserError(f"--load {load}: no complete checkpoint there (expected "
-                        f"{checkpoint_root(load)}/latest or an iter_* directory with meta.json)")
-    return found
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """Steps of every complete checkpoint of a run directory (the reuse check)."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted(s for p in root.iterdir() if (s := step_of(p)) is not None
+                  and (p / "meta.json").is_file())
 
 
-def check_compatible(directory: Path, expected: dict) -> dict:
-    """Compare a checkpoint's meta with this run's; raise a UserError on any difference."""
+def read_meta(directory: Path) -> dict:
     try:
         meta = json.loads((directory / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise UserError(f"--load {directory}: unreadable meta.json ({error})") from None
-    for key, value in expected.items():
-        found = meta.get(key)
-        if found == value:
-            continue
-        if isinstance(found, dict) and isinstance(value, dict):  # name the field that differs
-            field = next(k for k in value if found.get(k) != value.get(k))
-            key, found, value = f"{key}.{field}", found.get(field), value.get(field)
-        raise UserError(
-            f"--load {directory}: the checkpoint has {key} = {_short(found)}, this run has "
-            f"{_short(value)}; load it with the same setting or start a new run"
-        )
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UserError(f"--load {directory}: unreadable meta.json ({type(error).__name__})") \
+            from None
+    if not isinstance(meta, dict):
+        raise UserError(f"--load {directory}: meta.json is not a checkpoint description")
     return meta
 
 
-def _short(value) -> str:
-    text = json.dumps(value)
-    return text if len(text) < 120 else text[:117] + "..."
+def _intact_on_disk(directory: Path) -> str | None:
+    """Why `directory` cannot be loaded (meta or shard sizes), or None."""
+    try:
+        meta = read_meta(directory)
+    except UserError as error:
+        return str(error).split(": ", 1)[1]
+    if meta.get("format") != FORMAT or not isinstance(meta.get("shards"), dict):
+        return (f"written by another version of megatron-gnmr (format {meta.get('format')}, "
+                f"this one reads {FORMAT})")
+    for name, expected in meta["shards"].items():
+        path = directory / name
+        if not re.fullmatch(r"rank_\d{5}\.pt", name) or not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != expected.get("size"):
+            return f"{name} is truncated or corrupt (size {path.stat().st_size}, meta.json " \
+                   f"says {expected.get('size')})"
+    return None
+
+
+def candidates(load: str) -> list[Path]:
+    """What `--load`/`--resume auto` may load, in order: an `iter_*` directory given
+    directly; else the one `latest` names, then every other checkpoint newest first."""
+    path = Path(load)
+    if (path / "meta.json").is_file():
+        return [path]
+    root = checkpoint_root(load)
+    found = sorted((p for p in root.iterdir() if p.is_dir() and step_of(p) is not None),
+                   key=step_of, reverse=True) if root.is_dir() else []
+    latest = latest_checkpoint(load)
+    return ([latest] if latest else []) + [p for p in found if p != latest]
+
+
+@dataclass
+class Choice:
+    directory: Path
+    warnings: list[str] = field(default_factory=list)
+
+
+def choose_checkpoint(load: str) -> Choice:
+    """Collective: the newest intact checkpoint of `load`, the same on every rank (rank 0
+    decides from meta.json and sizes, every rank checks its own shard's hash)."""
+    rank = torch.distributed.get_rank()
+    queue = candidates(load) if rank == 0 else []
+    warnings: list[str] = []
+    while True:
+        chosen = None
+        while rank == 0 and queue and chosen is None:
+            candidate = queue.pop(0)
+            problem = _intact_on_disk(candidate)
+            if problem is None:
+                chosen = candidate
+            else:
+                warnings.append(f"skipped {candidate}: {problem}")
+        message = [str(chosen) if chosen else None, warnings]
+        torch.distributed.broadcast_object_list(message, src=0)
+        warnings = message[1]  # every rank holds rank 0's account from here on
+        if message[0] is None:
+            raise UserError(f"--load {load}: no complete checkpoint there (expected "
+                            f"{checkpoint_root(load)}/iter_* with meta.json)"
+                            + (f"; {'; '.join(warnings)}" if warnings else ""))
+        directory = Path(message[0])
+        intact = torch.tensor([_shard_matches(directory, rank)], device=run_device())
+        torch.distributed.all_reduce(intact, op=torch.distributed.ReduceOp.MIN)
+        if int(intact) == 1:
+            return Choice(directory, warnings)
+        problem = "a shard's sha256 differs from meta.json (corrupt)"
+        if Path(load) == directory:  # an iter_* directory given explicitly: no fallback
+            raise UserError(f"--load {load}: {problem}; load an older checkpoint")
+        warnings.append(f"skipped {directory}: {problem}")
+
+
+def _shard_matches(directory: Path, rank: int) -> int:
+    path = _rank_file(directory, rank)
+    expected = read_meta(directory)["shards"].get(path.name, {})
+    sha256 = hashlib.sha256()
+    try:
+        with open(path, "rb") as file:
+            for block in iter(lambda: file.read(1 << 24), b""):
+                sha256.update(block)
+    except OSError:
+        return 0
+    return int(sha256.hexdigest() == expected.get("sha256"))
 
 
 def load_shard(directory: Path) -> dict:
-    rank = torch.distributed.get_rank()
-    path = _rank_file(directory, rank)
+    """This rank's shard, as data (`weights_only=True`: a crafted file cannot run code)."""
+    path = _rank_file(directory, torch.distributed.get_rank())
     if not path.is_file():
         raise UserError(f"--load {directory}: {path.name} is missing (was it written with a "
                         "different number of processes?)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # truncated or corrupt file: torch raises many types
-        raise UserError(f"--load {directory}: {path.name} is corrupt or truncated "
+        return from_plain(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as error:  # truncated, corrupt or not data-only: torch raises many types
+        raise UserError(f"--load {directory}: {path.name} cannot be read as a checkpoint "
                         f"({type(error).__name__}); load an older checkpoint") from None

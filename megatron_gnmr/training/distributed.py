@@ -23,7 +23,8 @@ def initialize(config: RunConfig) -> None:
         device.select_device()
         if "WORLD_SIZE" in os.environ:  # launched by torchrun / srun
             torch.distributed.init_process_group(
-                backend=backend, timeout=timedelta(minutes=10), store=_restart_safe_store(),
+                backend=backend, store=_restart_safe_store(),
+                timeout=timedelta(minutes=config.training.distributed_timeout_minutes),
                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
         else:  # a plain `python pretrain_llama.py`: a world of one, no port to race for
             torch.distributed.init_process_group(backend=backend, rank=0, world_size=1,

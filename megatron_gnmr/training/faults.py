@@ -1,11 +1,13 @@
 """Faults on purpose, for the reliability tests: a NaN in a unit's gradient, a SIGKILL at a
-chosen step or in the middle of a checkpoint write.
+chosen step or in the middle of a checkpoint write, a controller state changed on one rank.
 
-The NaN comes from the test flag `--inject-nonfinite STEP:UNIT[,STEP:UNIT...]`. The kills
-come from the environment (`GNMR_TEST_SIGKILL=STEP:RANK` or `STEP:RANK:save`) and fire only
-in the first attempt of a torchrun job (`TORCHELASTIC_RESTART_COUNT` 0), so the restarted
-job runs to the end. `GNMR_TEST_CORRUPT_CONTROLLER=STEP:RANK` changes one rank's controller
-state, to prove the agreement check catches it. None of this does anything unless asked.
+All of them sit behind one `FaultHooks` object that the trainer calls at fixed points; the
+default (`NO_FAULTS`) does nothing, and the environment is read once, at start, never in the
+step. The NaN comes from the test flag `--inject-nonfinite STEP:UNIT[,STEP:UNIT...]`; the
+kills from `GNMR_TEST_SIGKILL=STEP:RANK` or `STEP:RANK:save`, which fire only in the first
+attempt of a torchrun job (`TORCHELASTIC_RESTART_COUNT` 0) so the restarted job runs to the
+end; `GNMR_TEST_CORRUPT_CONTROLLER=STEP:RANK` changes one rank's controller state, to prove
+the agreement check catches it.
 """
 
 from __future__ import annotations
@@ -29,13 +31,28 @@ def parse_injections(spec: str | None) -> dict[int, list[str]]:
     return injections
 
 
-class NonFiniteInjector:
-    def __init__(self, spec: str | None, unit_modules: dict[str, torch.nn.Module]):
-        self.injections = parse_injections(spec)
-        self.unit_modules = unit_modules  # this rank's units
+def _step_and_rank(variable: str) -> tuple[int, int, str] | None:
+    request = os.environ.get(variable)
+    if not request:
+        return None
+    parts = request.split(":")
+    return int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "step"
+
+
+class FaultHooks:
+    def __init__(self, inject_nonfinite: str | None = None, unit_modules: dict | None = None,
+                 from_environment: bool = False):
+        self.injections = parse_injections(inject_nonfinite)
+        self.unit_modules = unit_modules or {}  # this rank's units
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        self.kill = _step_and_rank("GNMR_TEST_SIGKILL") \
+            if from_environment and first_attempt else None
+        self.corrupt = _step_and_rank("GNMR_TEST_CORRUPT_CONTROLLER") \
+            if from_environment else None
+        self.rank = int(os.environ.get("RANK", "0"))
 
     @torch.no_grad()
-    def corrupt(self, step: int) -> None:
+    def corrupt_gradients(self, step: int) -> None:
         """Put a NaN into the reduced gradient of each unit scheduled for this step."""
         for unit in self.injections.get(step, []):
             module = self.unit_modules.get(unit)
@@ -44,25 +61,13 @@ class NonFiniteInjector:
                     else module.weight.grad
                 grad.view(-1)[0] = float("nan")
 
+    def maybe_kill(self, step: int, where: str = "step") -> None:
+        if self.kill == (step, self.rank, where):
+            os.kill(os.getpid(), signal.SIGKILL)
 
-def _kill_requested(step: int, where: str) -> bool:
-    request = os.environ.get("GNMR_TEST_SIGKILL")
-    if not request or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return False
-    parts = request.split(":")
-    at, rank = int(parts[0]), int(parts[1])
-    place = parts[2] if len(parts) > 2 else "step"
-    return at == step and rank == int(os.environ.get("RANK", "0")) and place == where
-
-
-def maybe_sigkill(step: int, where: str = "step") -> None:
-    if _kill_requested(step, where):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def maybe_corrupt_controller(step: int, policy) -> None:
-    request = os.environ.get("GNMR_TEST_CORRUPT_CONTROLLER")
-    if request:
-        at, rank = (int(part) for part in request.split(":"))
-        if at == step and rank == int(os.environ.get("RANK", "0")):
+    def corrupt_controller(self, step: int, policy) -> None:
+        if self.corrupt is not None and self.corrupt[:2] == (step, self.rank):
             policy.locks[0] += 1
+
+
+NO_FAULTS = FaultHooks()

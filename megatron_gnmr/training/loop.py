@@ -1,11 +1,17 @@
-"""The training loop: megatron-core's schedules, optimizer and LR scheduler, with the GNMR
-controller between the gradient reduction and the optimizer step.
+"""The training loop: megatron-core's schedules, optimizer and LR scheduler, with one step
+component between the gradient reduction and the update.
 
 One step: forward/backward over the micro-batches (megatron's no-pipelining or 1F1B
-schedule; DDP reduces gradients in `finalize_model_grads`) -> with `--gnmr`: per-unit
-statistics (one all-reduce), decision for the next step, clipping with the same total
-norm, `prepare_grads` + `step_with_ready_grads` (megatron's own clipping and its second
-norm pass are off) -> without: megatron's `optimizer.step()` as is -> LR scheduler.
+schedule; DDP reduces gradients in `finalize_model_grads`) -> `controller.after_backward`
+(the GNMR controller: per-unit statistics in one all-reduce, the decision for the next step,
+clipping with the same norm; or `PlainStep`: megatron's own norm pass and clipping) -> the
+update, only if the outcome says every gradient and the loss are finite -> LR scheduler ->
+monitors. The loop never asks whether there is a controller or monitors: their stand-ins
+answer the same calls.
+
+Setup runs in two kinds of phase: local work (data, model, controller, monitors), after
+which all ranks agree that every rank succeeded (`consensus.on_every_rank`), and collective
+work (optimizer, datasets, checkpoint choice), which every rank reaches together.
 """
 
 from __future__ import annotations
@@ -18,31 +24,35 @@ from pathlib import Path
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.controller.runtime import Controller
 from megatron_gnmr.controller.units import build_registry, local_unit_modules
-from megatron_gnmr.data.datasets import BatchReader, build_datasets, resolve_data
-from megatron_gnmr.errors import RunAborted, UserError
+from megatron_gnmr.data.datasets import (
+    BatchReader,
+    build_datasets,
+    prepare_default_data,
+    resolve_data,
+)
+from megatron_gnmr.errors import RunAborted
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
-from megatron_gnmr.precision.probes import build_probes
 from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
-from megatron_gnmr.monitors.runtime import MonitorSuite
+from megatron_gnmr.monitors.runtime import MonitorSuite, NoMonitors
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.platform.device import run_device, to_run_device
 from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention, FaultSchedule
 from megatron_gnmr.precision.plan import PrecisionPlan
-from megatron_gnmr.training import checkpoint
+from megatron_gnmr.precision.probes import build_probes
+from megatron_gnmr.training import checkpoint, run_directory
+from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
-from megatron_gnmr.training.faults import (
-    NonFiniteInjector,
-    maybe_corrupt_controller,
-    maybe_sigkill,
-)
+from megatron_gnmr.training.faults import NO_FAULTS, FaultHooks
+from megatron_gnmr.training.plain_step import PlainStep
+from megatron_gnmr.training.resume import RunCheckpoints
 from megatron_gnmr.training.run_state import RunState
 
 
@@ -98,30 +108,11 @@ class Trainer:
     def __init__(self, config: RunConfig):
         self.config = config
         t = config.training
-        self.data = resolve_data(config)
-        self.model = build_model(config, self.data.tokenizer.vocab_size)
-        self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
-                                  and not config.gnmr.enabled)
-        units_here = local_unit_modules(self.model, config.model.num_layers,
-                                        config.model.num_experts)
-        registry = build_registry(self.model, config.model.num_layers, config.gnmr.units,
-                                  config.model.num_experts) if config.gnmr.enabled else None
-        probes = build_probes(config, registry)
-        bind_precision(units_here, config, self.plan, probes)
-        self.injector = NonFiniteInjector(t.inject_nonfinite, units_here)
-        self.attention_fault = FaultSchedule(t.attention_fault_bits, t.attention_fault_start)
-        for module in (m for chunk in self.model for m in chunk.modules()):
-            if isinstance(module, EmulatedFlashAttention):
-                module.schedule = self.attention_fault
-        self.controller = None
-        if config.gnmr.enabled:
-            self.controller = Controller(config.gnmr, registry, self.model, self.plan,
-                                         expert_parallel=bool(config.model.num_experts),
-                                         probes=probes, seed=t.seed)
-        self.monitors = MonitorSuite(config.monitor, self.model) if config.monitor.monitors \
-            else None
+        self.faults = NO_FAULTS
+        on_every_rank(lambda: prepare_default_data(config) if is_logging_rank() else None)
+        on_every_rank(self._build_locally)
         self.optimizer, self.scheduler = build_optimizer(
-            config, self.model, clip_in_megatron=self.controller is None)
+            config, self.model, clip_in_megatron=not config.gnmr.enabled)
         # What megatron's schedules call after backward: DDP reduction and loss scaling.
         tconfig = unwrap(self.model[0]).config
         tconfig.finalize_model_grads_func = finalize_model_grads
@@ -134,29 +125,49 @@ class Trainer:
         self.run_dir = t.save
         self.logger = NullLogger()  # real loggers open after --load is validated
         self.forward_backward = get_forward_backward_func()
+        self.checkpoints = RunCheckpoints(self)
 
-    def _run_monitors(self, step: int) -> None:
-        if self.monitors is None:
-            return
-        metrics, alarms = self.monitors.after_step(step)
-        if metrics:
-            self.logger.log(step, metrics)
-        for alarm in alarms:
-            self.logger.event(step, "alarm", alarm)
-        if self.controller is not None:  # the `monitor` risk signal reads the firing alarms
-            self.controller.firing = self.monitors.firing()
+    def _build_locally(self) -> None:
+        """Everything that runs no collective: a failure here is agreed on by all ranks."""
+        config, t = self.config, self.config.training
+        self.data = resolve_data(config)
+        self.model = build_model(config, self.data.tokenizer.vocab_size)
+        self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
+                                  and not config.gnmr.enabled)
+        units_here = local_unit_modules(self.model, config.model.num_layers,
+                                        config.model.num_experts)
+        registry = build_registry(self.model, config.model.num_layers, config.gnmr.units,
+                                  config.model.num_experts) if config.gnmr.enabled else None
+        probes = build_probes(config, registry)
+        bind_precision(units_here, config, self.plan, probes)
+        self.faults = FaultHooks(t.inject_nonfinite, units_here, from_environment=True)
+        self.attention_fault = FaultSchedule(t.attention_fault_bits, t.attention_fault_start)
+        for module in (m for chunk in self.model for m in chunk.modules()):
+            if isinstance(module, EmulatedFlashAttention):
+                module.schedule = self.attention_fault
+        self.controller = Controller(
+            config.gnmr, registry, self.model, self.plan,
+            expert_parallel=bool(config.model.num_experts), probes=probes, seed=t.seed,
+            clip_grad=t.clip_grad, faults=self.faults) if config.gnmr.enabled else PlainStep()
+        self.monitors = MonitorSuite(config.monitor, self.model) if config.monitor.monitors \
+            else NoMonitors()
 
     def _log_timeline_image(self, step: int) -> None:
         interval = self.config.logging.image_interval
-        if self.controller is None or not self.controller.recent or not is_logging_rank():
+        if not interval or not is_logging_rank() or \
+                not (step % interval == 0 or step == self.config.training.train_iters):
             return
-        if interval and (step % interval == 0 or step == self.config.training.train_iters):
-            from megatron_gnmr.observe.report import timeline_figure
+        run_log = self.controller.recent_run_log(
+            Path(self.run_dir).name if self.run_dir else "run")
+        if run_log is None:
+            return
+        import matplotlib.pyplot as plt
 
-            name = Path(self.run_dir).name if self.run_dir else "run"
-            figure = timeline_figure(self.controller.recent_run_log(name))
-            self.logger.image(step, "gnmr/recovery_timeline", figure)
-            figure.clf()
+        from megatron_gnmr.observe.report import timeline_figure
+
+        figure = timeline_figure(run_log)
+        self.logger.image(step, "gnmr/recovery_timeline", figure)
+        plt.close(figure)
 
     # -- one step ---------------------------------------------------------------------
     def _forward_backward(self, batches, forward_only: bool):
@@ -173,52 +184,39 @@ class Trainer:
         self.optimizer.zero_grad()
         self.attention_fault.step = step + 1
         losses = self._forward_backward(self.train_reader.step_batches(step), False)
-        self.injector.corrupt(step + 1)
-        metrics = {"train/loss": _reduce_loss(losses)}
-        if self.controller is None:
-            ok, grad_norm, _ = self.optimizer.step()
-            metrics["train/grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
-            metrics["train/skipped"] = int(not ok)
-        else:
-            metrics.update(self._controlled_optimizer_step(step + 1))
-        if not metrics["train/skipped"]:  # as megatron: a skipped update does not advance LR
+        self.faults.corrupt_gradients(step + 1)
+        loss = _reduce_loss(losses)
+        outcome = self.controller.after_backward(step + 1, self.optimizer, loss,
+                                                 self.monitors.firing())
+        applied = outcome.apply and self.optimizer.step_with_ready_grads()
+        if applied:  # as megatron: a skipped update does not advance the LR schedule
             self.scheduler.step(increment=1)
-        return metrics
+        if outcome.nonfinite:
+            self._nonfinite(step + 1, outcome.nonfinite)
+        else:
+            self.state.nonfinite_streak = 0
+        return {"train/loss": loss, "train/grad_norm": outcome.grad_norm, **outcome.metrics,
+                "train/skipped": int(not applied)}
 
-    def _controlled_optimizer_step(self, step: int) -> dict:
-        controller = self.controller
-        loss_scale = float(self.optimizer.get_loss_scale())
-        stats = controller.grad_stats.compute(loss_scale)
-        decision = controller.observe(stats, step)
-        interval = self.config.gnmr.agreement_interval
-        maybe_corrupt_controller(step, controller.policy)
-        if interval and step % interval == 0:
-            controller.verify_agreement(step)
-        metrics = {"train/grad_norm": stats.total_norm, **controller.metrics(decision)}
-        if decision.nonfinite or not math.isfinite(stats.total_norm):
-            return {**metrics, **self._skip_nonfinite(step, decision)}
-        self.state.nonfinite_streak = 0
-        controller.grad_stats.clip_(stats.total_norm, self.config.training.clip_grad)
-        found_inf = self.optimizer.prepare_grads()
-        metrics["train/skipped"] = int(found_inf or not self.optimizer.step_with_ready_grads())
-        return metrics
-
-    def _skip_nonfinite(self, step: int, decision) -> dict:
-        """A NaN/Inf gradient: report it, never apply it. The policy has already left it out
-        of every history and put the unit on the recovery path for the next step."""
-        names = [self.controller.registry.names[u] for u in decision.nonfinite] or ["non-unit"]
-        self.logger.event(step, "nonfinite_gradient", {"units": names})
+    def _nonfinite(self, step: int, names: tuple[str, ...]) -> None:
+        """A NaN/Inf: reported, never applied. With the controller the unit runs the recovery
+        path next step (`--gnmr-nonfinite skip`); without one there is no recovery path, so
+        the run stops with its last good checkpoint."""
+        self.logger.event(step, "nonfinite_gradient", {"units": list(names)})
         self.state.nonfinite_streak += 1
         gnmr = self.config.gnmr
+        if not gnmr.enabled:
+            raise NonFiniteGradientError(
+                f"non-finite {' and '.join(names)} at step {step}; without --gnmr there is no "
+                "recovery path, so the update was not applied and the run stops")
         if gnmr.nonfinite == "raise":
-            raise NonFiniteGradientError(f"non-finite gradient at step {step} in {names} "
+            raise NonFiniteGradientError(f"non-finite gradient at step {step} in {list(names)} "
                                          "(--gnmr-nonfinite raise)")
         if self.state.nonfinite_streak >= gnmr.max_nonfinite_steps:
             raise NonFiniteGradientError(
                 f"{self.state.nonfinite_streak} consecutive steps with non-finite gradients "
-                f"(last at step {step} in {names}); stopping instead of skipping forever "
+                f"(last at step {step} in {list(names)}); stopping instead of skipping forever "
                 "(--gnmr-max-nonfinite-steps)")
-        return {"train/skipped": 1}
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -233,81 +231,23 @@ class Trainer:
         loss = total / self.eval_iters
         return {"valid/loss": loss, "valid/ppl": math.exp(min(loss, 50.0))}
 
-    # -- checkpoints -------------------------------------------------------------------
-    def checkpoint_meta(self) -> dict:
-        m, p = self.config.model, self.config.parallel
-        return {
-            "model": {k: getattr(m, k) for k in ("num_layers", "hidden_size", "ffn_hidden_size",
-                                                 "num_attention_heads", "num_query_groups",
-                                                 "seq_length")},
-            "vocab_size": self.data.tokenizer.vocab_size,
-            "layout": {"tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
-                       "world_size": torch.distributed.get_world_size()},
-            "gnmr_units": self.controller.registry.names if self.controller else None,
-        }
-
-    def save(self, step: int) -> None:
-        shard = {
-            "model": [chunk.state_dict() for chunk in self.model],
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": checkpoint.rng_state(),
-            "run_state": self.state.state_dict(),
-            "controller": self.controller.state_dict() if self.controller else None,
-            "monitors": self.monitors.state_dict() if self.monitors else None,
-        }
-        path = checkpoint.save_checkpoint(self.run_dir, step, shard, self.checkpoint_meta(),
-                                          self.config.training.keep_last)
-        self.logger.event(step, "checkpoint", {"path": str(path)})
-
-    def _keep_checkpoint(self) -> str:
-        """Before stopping on bad gradients: make sure the last good state is on disk. The
-        optimizer has not stepped, so the weights are those after step `state.step`."""
-        if not self.run_dir:
-            return "no --save directory, nothing was saved"
-        latest = checkpoint.latest_checkpoint(self.run_dir)
-        if latest is not None and latest.name == f"iter_{self.state.step:07d}":
-            return f"the last checkpoint is {latest}"
-        if self.state.step == 0:
-            return "no step was completed, nothing to save"
-        self.save(self.state.step)
-        return f"saved the last good state to {checkpoint.latest_checkpoint(self.run_dir)}"
-
-    def load(self, directory: Path) -> None:
-        expected = self.checkpoint_meta()
-        meta = checkpoint.check_compatible(directory, {k: expected[k] for k in
-                                                       ("model", "vocab_size", "layout")})
-        if self.controller is not None and meta.get("gnmr_units") not in (None,
-                                                                          expected["gnmr_units"]):
-            raise UserError(
-                f"--load {directory}: the checkpoint's controller has "
-                f"{len(meta['gnmr_units'])} units, this run selects "
-                f"{len(expected['gnmr_units'])}; use the checkpoint's --gnmr-units")
-        shard = checkpoint.load_shard(directory)
-        for chunk, state in zip(self.model, shard["model"]):
-            chunk.load_state_dict(state)
-        self.optimizer.load_state_dict(shard["optimizer"])
-        self.scheduler.load_state_dict(shard["scheduler"])
-        self.state.load_state_dict(shard["run_state"])
-        if self.controller is not None and shard["controller"] is not None:
-            self.controller.load_state_dict(shard["controller"])
-        if self.monitors is not None and shard.get("monitors") is not None:
-            self.monitors.load_state_dict(shard["monitors"])
-        checkpoint.set_rng_state(shard["rng"])
-
     # -- the run -----------------------------------------------------------------------
     def run(self) -> dict:
         t = self.config.training
-        load = t.load
-        if t.resume == "auto" and load is None and checkpoint.latest_checkpoint(t.save):
-            load = t.save
-        if load:
-            directory = checkpoint.find_checkpoint(load)
-            self.load(directory)
-        self.logger = build_loggers(self.config, self.run_dir, torch.distributed.get_rank())
-        if load:
-            self.logger.event(self.state.step, "resumed", {"path": str(directory)})
-        if self.controller is not None and self.run_dir and is_logging_rank():
+        run_directory.honour_stop_marker(t.save)
+        if t.overwrite and is_logging_rank():
+            run_directory.clear_for_overwrite(t.save)
+        torch.distributed.barrier()
+        source = t.load or (t.save if run_directory.resumes(t)
+                            and checkpoint.checkpoint_steps(t.save) else None)
+        choice = self.checkpoints.load(source) if source else None
+        self.logger = build_loggers(self.config, self.run_dir, torch.distributed.get_rank(),
+                                    resume_step=self.state.step)
+        if choice is not None:
+            for warning in choice.warnings:
+                self.logger.event(self.state.step, "warning", {"checkpoint": warning})
+            self.logger.event(self.state.step, "resumed", {"path": str(choice.directory)})
+        if self.run_dir and is_logging_rank():
             self.controller.open_trace(self.run_dir, self.state.step)
         self._announce()
         summary = {}
@@ -318,16 +258,14 @@ class Trainer:
         tokens_per_step = t.global_batch_size * self.config.model.seq_length
         while self.state.step < t.train_iters:
             step = self.state.step + 1
-            if self.monitors is not None:
-                self.monitors.before_step(step)
+            self.monitors.before_step(step)
             start = time.perf_counter()
             try:
                 metrics = self.train_step(self.state.step)
             except NonFiniteGradientError as error:
-                raise NonFiniteGradientError(f"{error}; {self._keep_checkpoint()}") from None
+                raise NonFiniteGradientError(f"{error}; {self.checkpoints.keep()}") from None
             elapsed = time.perf_counter() - start
             self.state.step = step
-            self.state.consumed_samples += t.global_batch_size
             metrics.update({"train/lr": self.scheduler.get_lr(self.optimizer.param_groups[0]),
                             "train/step_time_s": elapsed,
                             "train/tokens_per_s": tokens_per_step / elapsed,
@@ -344,16 +282,22 @@ class Trainer:
             should_exit = t.exit_interval and step % t.exit_interval == 0
             if self.run_dir and ((t.save_interval and step % t.save_interval == 0)
                                  or step == t.train_iters or should_exit):
-                self.save(step)
-            maybe_sigkill(step)
+                self.checkpoints.save(step)
+            self.faults.maybe_kill(step)
             if should_exit:
                 break
         summary.update({"steps": self.state.step, "final_train_loss": self.state.last_loss,
-                        "unigram_entropy": self.data.unigram_entropy})
-        if self.controller is not None:
-            summary.update({f"gnmr/{k}": v for k, v in self.controller.policy.summary().items()})
+                        "unigram_entropy": self.data.unigram_entropy,
+                        **self.controller.summary()})
         self.logger.event(self.state.step, "summary", summary)
         return summary
+
+    def _run_monitors(self, step: int) -> None:
+        metrics, alarms = self.monitors.after_step(step)
+        if metrics:
+            self.logger.log(step, metrics)
+        for alarm in alarms:
+            self.logger.event(step, "alarm", alarm)
 
     def _announce(self) -> None:
         params = count_parameters(self.model)
@@ -363,18 +307,17 @@ class Trainer:
             "tp": self.config.parallel.tensor_model_parallel_size,
             "pp": self.config.parallel.pipeline_model_parallel_size,
             "dp": parallel_state.get_data_parallel_world_size(),
-            "gnmr_units": self.controller.registry.num_units if self.controller else 0,
+            "gnmr_units": len(self.controller.unit_names),
         })
         if self.run_dir and is_logging_rank():
             # What this run was, for reference-band checks and for whoever reads it later.
             (Path(self.run_dir) / "config.json").write_text(
                 json.dumps(self.config.to_dict(), indent=2))
         references = self.config.monitor.monitor_reference
-        if self.monitors is not None and references:
+        if isinstance(self.monitors, MonitorSuite) and references:
             for line in config_mismatches(references, self.config.to_dict()):
                 self.logger.event(self.state.step, "warning", {"reference_mismatch": line})
 
     def close(self) -> None:
-        if self.controller is not None:
-            self.controller.close()
+        self.controller.close()
         self.logger.close()

@@ -1,4 +1,8 @@
-"""RunState: where the run is (step, data position); checkpointed with everything else."""
+"""RunState: where the run is; checkpointed with everything else.
+
+The data position is the step itself: step `s` reads global samples
+`[s * global_batch, (s + 1) * global_batch)` (`data/datasets.py`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from dataclasses import asdict, dataclass
 @dataclass
 class RunState:
     step: int = 0  # optimizer steps completed
-    consumed_samples: int = 0  # the data position: step * global batch size
     last_loss: float = float("nan")
     nonfinite_streak: int = 0  # consecutive steps skipped for non-finite gradients
 
@@ -17,6 +20,5 @@ class RunState:
 
     def load_state_dict(self, state: dict) -> None:
         self.step = state["step"]
-        self.consumed_samples = state["consumed_samples"]
         self.last_loss = state["last_loss"]
-        self.nonfinite_streak = state.get("nonfinite_streak", 0)
+        self.nonfinite_streak = state["nonfinite_streak"]

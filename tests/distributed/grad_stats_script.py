@@ -72,7 +72,8 @@ def main(argv):
 
     for name in COLLECTIVES:
         setattr(torch.distributed, name, counting(name))
-    metrics = trainer._controlled_optimizer_step(1)
+    outcome = trainer.controller.after_backward(1, trainer.optimizer, loss=1.0, firing=set())
+    applied = outcome.apply and trainer.optimizer.step_with_ready_grads()
     for name, original in originals.items():
         setattr(torch.distributed, name, original)
 
@@ -80,8 +81,8 @@ def main(argv):
         # After the first decision the policy's running sums are exactly this step's norms.
         norms = trainer.controller.policy.norm_sum.tolist()
         print(json.dumps({"collectives": calls, "norms": norms,
-                          "reference": reference, "total": metrics["train/grad_norm"],
-                          "skipped": metrics["train/skipped"]}))
+                          "reference": reference, "total": outcome.grad_norm,
+                          "skipped": int(not applied)}))
     distributed.shutdown()
 
 

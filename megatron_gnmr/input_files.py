@@ -1,0 +1,65 @@
+"""Every path the user gives, checked before anything is built or written: files of the
+wrong kind, directories that are files, places that cannot be written. Each failure is one
+UserError naming the flag, the path and the fix.
+
+The data and tokenizer checks open the files (cheaply: the .idx header, the tokenizer model),
+so a wrong file fails here in a second instead of minutes later inside megatron.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from megatron_gnmr.errors import UserError
+
+
+def writable_directory(flag: str, path: str) -> None:
+    """`path` is a directory that can be created or written (it need not exist yet)."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"{flag} {path}: is a file, not a directory")
+    existing = next(p for p in [target, *target.parents] if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path}: {existing} is a file, so the directory cannot be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: {existing} is not writable; choose another directory")
+
+
+def check_data(data) -> None:
+    """--data-path, --tokenizer-model and --data-cache-dir."""
+    writable_directory("--data-cache-dir", data.data_cache_dir)
+    if data.data_path is None:
+        if data.tokenizer_model is not None:
+            raise UserError("--tokenizer-model goes with --data-path (the prepared Shakespeare "
+                            "data brings its own tokenizer)")
+        return
+    from megatron_gnmr.data.indexed import check_indexed_dataset, check_token_range
+    from megatron_gnmr.data.tokenizer import Tokenizer
+
+    check_indexed_dataset(data.data_path)
+    model = data.tokenizer_model or str(Path(data.data_path).parent / "tokenizer.model")
+    tokenizer = Tokenizer(model, flag="--tokenizer-model")
+    check_token_range(data.data_path, tokenizer.vocab_size)
+
+
+def check_load(load: str | None) -> None:
+    """--load names a run directory or one of its iter_* checkpoints (not a file)."""
+    if load is None:
+        return
+    path = Path(load)
+    if not path.exists():
+        raise UserError(f"--load {load}: no such directory")
+    if not path.is_dir():
+        raise UserError(f"--load {load}: is a file; give a run directory (--save of a run) or "
+                        "one of its checkpoints/iter_* directories")
+    if not (path / "meta.json").is_file() and not (path / "checkpoints").is_dir():
+        raise UserError(f"--load {load}: not a run directory (no checkpoints/) nor a "
+                        "checkpoint (no meta.json)")
+
+
+def check_references(references: list[str]) -> None:
+    for run_dir in references:
+        if not (Path(run_dir) / "metrics.jsonl").is_file():
+            raise UserError(f"--monitor-reference {run_dir}: no metrics.jsonl there (a "
+                            "reference is the --save directory of a finished healthy run)")

@@ -1,0 +1,107 @@
+"""A trainer's checkpoints: what goes into a shard, what a resume must match, and loading
+that every rank agrees on (`checkpoint.py` owns the files; this owns their content).
+
+A shard holds the model chunks, optimizer, scheduler, RNG, run state, controller and
+monitor state. Transformer Engine's `_extra_state` entries are left out: TE pickles its FP8
+metadata into them and unpickles it on load, which would let a crafted checkpoint run code,
+and the current / block / MX scaling recipes (the only ones allowed here) keep no state there
+that a resume needs; on load the live module's own extra state is put back in their place.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from megatron_gnmr.data.indexed import dataset_fingerprint
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.training import checkpoint
+from megatron_gnmr.training.consensus import on_every_rank
+from megatron_gnmr.training.resume_contract import check_resume, resume_settings
+
+
+def _is_extra_state(key: str) -> bool:
+    return key == "_extra_state" or key.endswith("._extra_state")
+
+
+def model_state(chunk: torch.nn.Module) -> dict:
+    return {key: value for key, value in chunk.state_dict().items() if not _is_extra_state(key)}
+
+
+def load_model_state(chunk: torch.nn.Module, state: dict) -> None:
+    live = {key: value for key, value in chunk.state_dict().items() if _is_extra_state(key)}
+    chunk.load_state_dict({**live, **state})
+
+
+class RunCheckpoints:
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def settings(self) -> dict:
+        trainer = self.trainer
+        return resume_settings(trainer.config, dataset_fingerprint(trainer.data.prefix),
+                               trainer.data.tokenizer.vocab_size,
+                               torch.distributed.get_world_size())
+
+    def save(self, step: int) -> None:
+        trainer = self.trainer
+        if not math.isfinite(trainer.state.last_loss):  # never a checkpoint of a non-finite step
+            trainer.logger.event(step, "checkpoint_skipped", {"reason": "non-finite loss"})
+            return
+        trainer.controller.verify_agreement(step)
+        shard = {
+            "model": [model_state(chunk) for chunk in trainer.model],
+            "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(),
+            "rng": checkpoint.rng_state(),
+            "run_state": trainer.state.state_dict(),
+            "controller": trainer.controller.state_dict(),
+            "monitors": trainer.monitors.state_dict(),
+        }
+        path = checkpoint.save_checkpoint(trainer.run_dir, step, shard,
+                                          {"settings": self.settings()},
+                                          trainer.config.training.keep_last, trainer.faults)
+        trainer.logger.event(step, "checkpoint", {"path": str(path)})
+
+    def keep(self) -> str:
+        """Before stopping on bad gradients: make sure the last good state is on disk. The
+        optimizer has not stepped, so the weights are those after step `state.step`."""
+        trainer = self.trainer
+        if not trainer.run_dir:
+            return "no --save directory, nothing was saved"
+        latest = checkpoint.latest_checkpoint(trainer.run_dir)
+        if latest is not None and checkpoint.step_of(latest) == trainer.state.step:
+            return f"the last checkpoint is {latest}"
+        if trainer.state.step == 0:
+            return "no step was completed, nothing to save"
+        self.save(trainer.state.step)
+        return f"saved the last good state to {checkpoint.latest_checkpoint(trainer.run_dir)}"
+
+    def load(self, source: str) -> checkpoint.Choice:
+        """Collective: choose (every rank the same), check the settings, read and apply on
+        every rank with one agreement, then prove the controllers agree."""
+        choice = checkpoint.choose_checkpoint(source)
+        meta = checkpoint.read_meta(choice.directory)
+        check_resume(choice.directory, meta.get("settings"), self.settings())
+        on_every_rank(lambda: self._apply(choice.directory))
+        self.trainer.controller.verify_agreement(self.trainer.state.step)
+        return choice
+
+    def _apply(self, directory: Path) -> None:
+        trainer = self.trainer
+        shard = checkpoint.load_shard(directory)
+        try:
+            for chunk, state in zip(trainer.model, shard["model"], strict=True):
+                load_model_state(chunk, state)
+            trainer.optimizer.load_state_dict(shard["optimizer"])
+            trainer.scheduler.load_state_dict(shard["scheduler"])
+            trainer.state.load_state_dict(shard["run_state"])
+            trainer.controller.load_state_dict(shard["controller"])
+            trainer.monitors.load_state_dict(shard["monitors"])
+            checkpoint.set_rng_state(shard["rng"])
+        except (KeyError, ValueError, RuntimeError, TypeError, AssertionError) as error:
+            first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+            raise UserError(f"--load {directory}: the shard does not fit this run "
+                            f"({type(error).__name__}: {first_line})") from None

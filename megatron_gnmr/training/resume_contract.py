@@ -1,0 +1,66 @@
+"""The settings a resume depends on: written into every checkpoint's meta.json, compared
+on load, one `error:` line naming the setting when they differ.
+
+A setting belongs here when it changes the shape of saved state (the model, the layout, the
+controller's unit list and window, the monitors) or its meaning (the data order and
+position, the LR schedule megatron's scheduler checks, the precision of the master weights).
+Everything else (thresholds, budgets, intervals, logging) is a setting of the resumed run and
+may change freely: settings are not state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from megatron_gnmr.config import flag_name
+from megatron_gnmr.errors import UserError
+
+CONTRACT = {
+    "model": None,  # every field
+    "parallel": None,
+    "training": ("bf16", "seed", "global_batch_size", "train_iters", "lr", "min_lr",
+                 "lr_warmup_iters", "weight_decay"),
+    "data": ("split",),
+}
+WHEN_ON = {  # checked only when the component is on in both runs (its on-switch always is)
+    "gnmr": ("enabled", ("units", "delta", "signals", "qerr_baseline", "selection_seed",
+                         "budget_rate")),
+    "monitor": ("monitors", ("monitor_detector", "monitor_interval", "monitor_delta")),
+}
+
+
+def resume_settings(config, dataset: str, vocab_size: int, world_size: int) -> dict:
+    """{flag: value} of everything a resume of this run must keep (JSON values)."""
+    settings = {"launch processes": world_size, "dataset": dataset, "vocab size": vocab_size}
+    for section, names in CONTRACT.items():
+        values = getattr(config, section)
+        for name in names or [f.name for f in dataclasses.fields(values)]:
+            settings[flag_name(section, name)] = getattr(values, name)
+    for section, (switch, names) in WHEN_ON.items():
+        values = getattr(config, section)
+        settings[flag_name(section, switch)] = getattr(values, switch)
+        if getattr(values, switch):
+            settings.update({flag_name(section, name): getattr(values, name) for name in names})
+    return json.loads(json.dumps(settings))  # as meta.json will give it back
+
+
+def check_resume(directory, saved: dict | None, current: dict) -> None:
+    """A UserError naming the first setting that differs between checkpoint and run."""
+    if not isinstance(saved, dict):
+        raise UserError(f"--load {directory}: meta.json records no settings (written by an "
+                        "older megatron-gnmr); start a new run")
+    for name, value in current.items():
+        if name not in saved:
+            raise UserError(f"--load {directory}: the checkpoint does not record {name} (written"
+                            " by another version of megatron-gnmr); start a new run")
+        if saved[name] != value:
+            raise UserError(f"--load {directory}: the checkpoint was written with {name} "
+                            f"{_show(saved[name])}, this run has {_show(value)}; resume with the "
+                            f"checkpoint's {name}, or start a new run (another --save, or "
+                            "--overwrite)")
+
+
+def _show(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) < 80 else text[:77] + "..."
