@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         summary = trainer.run()
     except RunAborted as error:  # stopped on purpose: torchrun must not train into it again
-        if config.training.save and distributed.is_logging_rank():
+        if config.training.save and distributed.is_logging_rank() and \
+                not isinstance(error, run_directory.StoppedBefore):
             run_directory.mark_stopped(config.training.save, error, trainer.state.step)
         raise
     finally:

@@ -8,7 +8,7 @@ so a wrong file fails here in a second instead of minutes later inside megatron.
 
 from __future__ import annotations
 
-import os
+import tempfile
 from pathlib import Path
 
 from megatron_gnmr.errors import UserError
@@ -22,8 +22,11 @@ def writable_directory(flag: str, path: str) -> None:
     existing = next(p for p in [target, *target.parents] if p.exists())
     if not existing.is_dir():
         raise UserError(f"{flag} {path}: {existing} is a file, so the directory cannot be made")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: {existing} is not writable; choose another directory")
+    try:  # a real attempt: permission bits say nothing for root or read-only mounts
+        tempfile.TemporaryDirectory(dir=existing, prefix=".megatron-gnmr-check-").cleanup()
+    except OSError:
+        raise UserError(f"{flag} {path}: {existing} is not writable; choose another "
+                        "directory") from None
 
 
 def check_data(data) -> None:

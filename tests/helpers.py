@@ -28,7 +28,7 @@ def run_pretrain(args: list[str], nproc: int = 1, check: bool = True, timeout: i
                  torchrun_args: list[str] = ()) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(extra_env or {}))
     script = str(REPO / "pretrain_llama.py")
-    if nproc == 1:
+    if nproc == 1 and not torchrun_args:
         command = [PYTHON, script, *args]
     else:
         command = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", *torchrun_args,

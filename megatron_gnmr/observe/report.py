@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,23 +115,59 @@ def _gnmr_panel(ax, runs: list[RunLog]) -> None:
         ax.text(0.5, 0.5, "no GNMR trace in these runs", ha="center", transform=ax.transAxes)
 
 
+MAX_ROWS = 64  # unit rows drawn per panel; above it, consecutive units share a row
+
+
+def unit_rows(units: list[str], max_rows: int = MAX_ROWS) -> tuple[list[str], np.ndarray]:
+    """Row labels and, per unit, its row: one row per unit up to `max_rows`, else contiguous
+    groups of units in canonical (layer) order, so an image never grows with the model
+    (31k units of a DeepSeek-V3-sized MoE would exceed the image backend's pixel limit)."""
+    short = [u.replace("self_attention.", "").replace("mlp.", "") for u in units]
+    if len(units) <= max_rows:
+        return short, np.arange(len(units))
+    row_of = np.arange(len(units)) * max_rows // len(units)
+    labels = []
+    for row in range(max_rows):
+        members = np.flatnonzero(row_of == row)
+        labels.append(f"{short[members[0]]} .. ({members.size} units)")
+    return labels, row_of
+
+
+def _by_row(values: np.ndarray, row_of: np.ndarray, rows: int, reduce) -> np.ndarray:
+    """[steps, units] -> [steps, rows] with `reduce` (np.nanmean, np.nanmax) per row."""
+    out = np.full((values.shape[0], rows), np.nan)
+    for row in range(rows):
+        members = values[:, row_of == row]
+        if members.size:
+            with warnings.catch_warnings():  # an all-NaN row (no score yet) stays NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out[:, row] = reduce(members, axis=1)
+    return out
+
+
+def _label_rows(ax, labels: list[str]) -> None:
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=max(3, 8 - len(labels) // 16))
+
+
 def _timeline_panel(ax, run: RunLog) -> None:
-    ax.set_title(f"Recovery timeline: {run.name} (dark = recovery path)")
+    ax.set_title(f"Recovery timeline: {run.name} (dark = recovery path; grouped rows: share "
+                 "of their units)")
     if run.recovery is None:
         ax.text(0.5, 0.5, "no GNMR trace (controller off)", ha="center", transform=ax.transAxes)
         ax.axis("off")
         return
+    labels, row_of = unit_rows(run.units)
+    recovery = _by_row(run.recovery.astype(float), row_of, len(labels), np.mean)
     first = run.first_step - 0.5
-    ax.imshow(run.recovery.T, aspect="auto", interpolation="nearest", cmap="Greys",
-              extent=(first, first + run.recovery.shape[0], len(run.units) - 0.5, -0.5))
-    ax.set_yticks(range(len(run.units)))
-    ax.set_yticklabels([u.replace("self_attention.", "").replace("mlp.", "")
-                        for u in run.units], fontsize=max(3, 8 - len(run.units) // 16))
+    ax.imshow(recovery.T, aspect="auto", interpolation="nearest", cmap="Greys", vmin=0, vmax=1,
+              extent=(first, first + recovery.shape[0], len(labels) - 0.5, -0.5))
+    _label_rows(ax, labels)
     nonfinite = [r for r in run.records if r.get("event") == "nonfinite_gradient"]
     for event in nonfinite:
         for unit in event.get("units", []):
             if unit in run.units:
-                ax.plot(event["step"], run.units.index(unit), "r|", markersize=10)
+                ax.plot(event["step"], row_of[run.units.index(unit)], "r|", markersize=10)
     ax.set_xlabel("step")
 
 
@@ -174,14 +211,15 @@ def render_report(runs: list[RunLog]):
 
 
 def _gnmr_heatmap_panel(ax, run: RunLog) -> None:
-    ax.set_title(f"GNMR per unit: {run.name} (log10)")
-    scores = np.log10(np.where(run.gnmr > 0, run.gnmr, np.nan))
+    ax.set_title(f"GNMR per unit: {run.name} (log10; grouped rows: their maximum)")
+    labels, row_of = unit_rows(run.units)
+    scores = _by_row(np.log10(np.where(run.gnmr > 0, run.gnmr, np.nan)), row_of, len(labels),
+                     np.nanmax)
     first = run.first_step - 0.5
     image = ax.imshow(scores.T, aspect="auto", interpolation="nearest", cmap="coolwarm",
                       vmin=-1, vmax=1, extent=(first, first + scores.shape[0],
-                                               len(run.units) - 0.5, -0.5))
-    ax.set_yticks(range(len(run.units)))
-    ax.set_yticklabels(run.units, fontsize=max(3, 8 - len(run.units) // 16))
+                                               len(labels) - 0.5, -0.5))
+    _label_rows(ax, labels)
     ax.figure.colorbar(image, ax=ax, fraction=0.02)
 
 
@@ -193,7 +231,7 @@ def timeline_figure(run: RunLog):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    height = 0.25 * max(len(run.units), 8) + 1
+    height = 0.25 * max(min(len(run.units), MAX_ROWS), 8) + 1
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(12, 2 * height),
                                          constrained_layout=True)
     _gnmr_heatmap_panel(top, run)

@@ -65,6 +65,10 @@ def mark_stopped(save: str, error: RunAborted, step: int) -> None:
         "time": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
 
 
+class StoppedBefore(RunAborted):
+    """A restart attempt of a run that had stopped on purpose (its marker stays as it is)."""
+
+
 def honour_stop_marker(save: str | None) -> None:
     """A restart attempt of a run that stopped on purpose stops again at once (RunAborted);
     a new launch clears the marker."""
@@ -74,13 +78,13 @@ def honour_stop_marker(save: str | None) -> None:
     if not marker.is_file():
         return
     if restart_attempt() == 0:
-        marker.unlink()
+        marker.unlink(missing_ok=True)  # every rank gets here
         return
     try:
         record = json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError):
         record = {"step": "?", "reason": "unreadable STOPPED marker"}
-    raise RunAborted(f"this run stopped on purpose at step {record.get('step')} "
+    raise StoppedBefore(f"this run stopped on purpose at step {record.get('step')} "
                      f"({record.get('reason')}); torchrun restart attempt "
                      f"{restart_attempt()} does not train again. Fix the cause and relaunch "
                      f"(a new launch removes {marker})")
