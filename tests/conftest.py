@@ -1,6 +1,20 @@
-"""Shared pytest settings: megatron-core's import notices about missing apex/TE are expected
-on CPU machines and would bury real warnings. The report header says whether the GPU tests
-can run here, and why not."""
+"""Shared pytest settings.
+
+- megatron-core's import notices about missing apex/TE are expected on CPU machines and would
+  bury real warnings;
+- the `slow` tier: tests that launch training processes (torchrun, the entry point,
+  `reproduce`). `bash scripts/run_tests.sh --fast` leaves them out; the fast tier still
+  trains in-process (`tests/test_training_in_process.py`), so it touches every module;
+- the summary says whether the GPU tests could run here, and why not.
+"""
+
+from pathlib import Path
+
+import pytest
+
+SLOW_MODULES = {"test_alarm_detectors_live", "test_data_safety", "test_gpu_check",
+                "test_observability", "test_replay", "test_signals_live", "test_scenarios"}
+SLOW_TESTS = {"test_bad_input_exits_2_with_one_line"}
 
 
 def pytest_configure(config):
@@ -8,6 +22,15 @@ def pytest_configure(config):
                     r"ignore:full scope is deprecated",
                     r"ignore::DeprecationWarning"):  # megatron/torch deprecations, not ours
         config.addinivalue_line("filterwarnings", pattern)
+    config.addinivalue_line("markers", "slow: launches training processes (full suite only)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent.name == "distributed" or path.stem in SLOW_MODULES or \
+                item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_terminal_summary(terminalreporter):

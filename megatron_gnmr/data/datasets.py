@@ -10,6 +10,8 @@ without broadcasting batches.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +61,7 @@ def build_datasets(config: RunConfig, source: DataSource, eval_batches: int):
     t = config.training
     train_samples = t.train_iters * t.global_batch_size
     valid_samples = max(eval_batches, 1) * t.global_batch_size
+    cache = private_index_cache(config.data.data_cache_dir)
     dataset_config = GPTDatasetConfig(
         random_seed=t.seed,
         sequence_length=config.model.seq_length,
@@ -69,13 +72,14 @@ def build_datasets(config: RunConfig, source: DataSource, eval_batches: int):
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
-        path_to_cache=str(private_index_cache(config.data.data_cache_dir)),
+        path_to_cache=str(cache),
         mmap_bin_files=True,
     )
     try:
-        train, valid, _ = BlendedMegatronDatasetBuilder(
-            GPTDataset, [train_samples, valid_samples, 0], lambda: True, dataset_config
-        ).build()
+        with building_alone(cache):
+            train, valid, _ = BlendedMegatronDatasetBuilder(
+                GPTDataset, [train_samples, valid_samples, 0], lambda: True, dataset_config
+            ).build()
     except (AssertionError, ValueError, IndexError) as error:
         raise UserError(f"--data-path {source.prefix}: cannot build train/valid datasets "
                         f"with --split {config.data.split} ({error})") from None
@@ -110,6 +114,23 @@ def private_index_cache(data_cache_dir: str) -> Path:
         if not _plain_npy(array):
             array.unlink()
     return cache
+
+
+@contextlib.contextmanager
+def building_alone(cache: Path):
+    """One job at a time builds megatron's indices in a cache: megatron writes them with
+    `numpy.save` (not atomically), so two jobs sharing `--data-cache-dir` could read each
+    other's half-written files. Only global rank 0 of a job takes the lock: megatron's
+    builder makes the other ranks wait at a barrier until rank 0 has written."""
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        yield
+        return
+    with open(cache / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _plain_npy(path: Path) -> bool:
