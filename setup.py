@@ -5,13 +5,22 @@ requirement here can pull a multi-GB CUDA torch). On GPU clusters use an NGC PyT
 container, which already has torch, Transformer Engine and apex: `pip install -e .[te]`.
 """
 
-import sys
+import os
 
 from setuptools import find_packages, setup
 
-# megatron-core >= 0.17 declares Python >= 3.12; 0.16.1 is the newest for 3.11. The code
-# supports both lines (0.16.1 on CPU/CI, 0.19.x on 3.12 clusters).
-MEGATRON = "megatron-core==0.16.1" if sys.version_info < (3, 12) else "megatron-core>=0.16.1"
+# The megatron-core releases this code is tested against, and nothing else (README: "Tested
+# versions"). megatron-core >= 0.17 declares Python >= 3.12, so 3.11 gets 0.16.1; 3.12 gets
+# the tested range up to the newest release (0.19.2, run in CI by
+# scripts/test_newest_megatron.sh). MEGATRON_GNMR_MEGATRON_CORE replaces the requirement
+# (that script uses it to install the newest release on Python 3.11).
+MEGATRON = [os.environ["MEGATRON_GNMR_MEGATRON_CORE"]] if os.environ.get(
+    "MEGATRON_GNMR_MEGATRON_CORE") else ["megatron-core==0.16.1; python_version < '3.12'",
+                                         "megatron-core>=0.16.1,<0.20; python_version >= '3.12'"]
+# Transformer Engine as each megatron-core line asks for it: 0.16.1 pins >=2.9,<2.12; 0.19.x
+# leaves it open, and our TE path was read against TE 2.9, 2.11 and 2.18.
+TRANSFORMER_ENGINE = ["transformer-engine[pytorch]>=2.9,<2.12; python_version < '3.12'",
+                      "transformer-engine[pytorch]>=2.9,<2.19; python_version >= '3.12'"]
 TORCHAO = "torchao>=0.16,<0.19"
 
 setup(
@@ -23,7 +32,7 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         # The model, schedules, DDP, optimizer, datasets: everything a Megatron run needs.
-        MEGATRON,
+        *MEGATRON,
         # Any torch megatron-core supports; install it first (see setup_env.sh) so this
         # range never pulls a CUDA build on a CPU machine.
         "torch>=2.4",
@@ -45,9 +54,10 @@ setup(
         # Tests: pytest, hypothesis for the policy's property tests,
         # and ml_dtypes, the bit-exact reference for the emulated number formats.
         # torchao: the fp8-torchao recipe's tests run on the CPU too.
-        "dev": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", TORCHAO],
+        # pytest-xdist runs the suite on both cores.
+        "dev": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "ml_dtypes>=0.5", TORCHAO],
         # Transformer Engine FP8 on GPU (use the NGC container's TE where possible).
-        "te": ["transformer-engine[pytorch]"],
+        "te": TRANSFORMER_ENGINE,
         # Real FP8 GEMMs without Transformer Engine (--precision-recipe fp8-torchao). Its
         # float8 internals were read at these versions (precision/torchao_compat.py).
         "torchao": [TORCHAO],

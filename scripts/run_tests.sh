@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
 # One command: install everything, prepare the test data, run the whole test suite.
-# On a GPU machine (an NGC container) the venv reuses the container's torch and Transformer
-# Engine (scripts/setup_env.sh), so tests/gpu runs; the report header says whether it does,
-# and every skipped test is listed with its reason (-rs).
+#
+#   bash scripts/run_tests.sh           # full: every test on megatron-core 0.16.1, then the
+#                                       # core subset on the newest release (.venv-newest)
+#   bash scripts/run_tests.sh --fast    # fast tier (no process launches), under 3 minutes
+#
+# Extra arguments go to pytest. On a GPU machine (an NGC container) the venv reuses the
+# container's torch and Transformer Engine (scripts/setup_env.sh), so tests/gpu runs; the
+# summary says whether it did, and every skipped test is listed with its reason (-rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=full
+if [ "${1:-}" = "--fast" ]; then
+  tier=fast
+  shift
+fi
 bash scripts/setup_env.sh
 .venv/bin/megatron-gnmr prepare-data
-exec .venv/bin/python -m pytest tests -q -rs "$@"
+.venv/bin/python -W ignore -c "import sys, torch, megatron.core as m; print(
+    f'tests: python {sys.version.split()[0]}, torch {torch.__version__}, '
+    f'megatron-core {m.__version__}, {\"$tier\"} tier')"
+if [ "$tier" = fast ]; then
+  exec .venv/bin/python -m pytest tests -q -rs -n 2 --dist loadfile -m "not slow" "$@"
+fi
+.venv/bin/python -m pytest tests -q -rs -n 2 --dist loadfile "$@"
+bash scripts/test_newest_megatron.sh

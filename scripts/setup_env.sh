@@ -8,15 +8,19 @@
 #   sees the system packages (--system-site-packages), and the container's torch,
 #   Transformer Engine and apex are pinned in a constraints file so no requirement can
 #   replace them; the project and megatron-core are installed on top.
-# Knobs: PYTHON (interpreter), VENV (directory), EXTRAS (default dev).
+# Knobs: PYTHON (interpreter), VENV (directory), EXTRAS (default dev), and for a second
+# environment on another megatron-core release (scripts/test_newest_megatron.sh):
+# MEGATRON_GNMR_MEGATRON_CORE (the requirement, read by setup.py) and PIP_EXTRA (more pip
+# arguments and requirements).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-dev}
+PIP_EXTRA=${PIP_EXTRA:-}
 
 stamp="$VENV/.megatron-gnmr-installed"
-want="$(cat setup.py | sha1sum | cut -c1-12)-$EXTRAS"
+want="$(cat setup.py | sha1sum | cut -c1-12)-$EXTRAS-${MEGATRON_GNMR_MEGATRON_CORE:-}-$PIP_EXTRA"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "setup: $VENV is up to date"
   exit 0
@@ -57,12 +61,13 @@ if [ -z "$constraints" ] && ! gpu_machine; then
   $PIP install --quiet "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
 fi
 echo "setup: installing megatron-gnmr[$EXTRAS] (megatron-core, sentencepiece, ...)"
-$PIP install --quiet ${constraints:+-c "$constraints"} -e ".[$EXTRAS]" 2>&1 \
+# shellcheck disable=SC2086  # PIP_EXTRA is a list of arguments
+$PIP install --quiet ${constraints:+-c "$constraints"} -e ".[$EXTRAS]" $PIP_EXTRA 2>&1 \
   | grep -v "^WARNING: Location" || true
 $VENV/bin/python -c "import torch, megatron.core, megatron_gnmr" \
   || { echo "setup: the install is broken (see the messages above)" >&2; exit 1; }
 echo "$want" > "$stamp"
-$VENV/bin/python - <<'PY'
+$VENV/bin/python -W ignore - <<'PY'
 import torch, megatron.core as m
 from megatron_gnmr.platform import capabilities
 print(f"setup: done (torch {torch.__version__}, megatron-core {m.__version__})")

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The second environment: the same code on the newest megatron-core release (0.19.2, what
+# Python 3.12 clusters install), in .venv-newest, running the core subset: training at TP=1
+# (in-process, with resume) and TP=2/DP=2/PP=2, every emulated recipe with and without the
+# controller, the monitors, MoE at EP=2, the layer-spec surgery and the CPU patches.
+# megatron-core 0.19.2 asks for Python >= 3.12; on 3.11 it installs with
+# --ignore-requires-python plus a numpy that still supports 3.11 and triton (one unguarded
+# import in megatron/core/transformer/moe/ops/paged_stash.py). Called by run_tests.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NEWEST=${NEWEST:-0.19.2}
+export MEGATRON_GNMR_MEGATRON_CORE="megatron-core==$NEWEST"
+PIP_EXTRA="--ignore-requires-python numpy==2.4.6 triton" VENV=.venv-newest \
+  bash scripts/setup_env.sh
+.venv-newest/bin/python -W ignore -c "import sys, torch, megatron.core as m, numpy; print(
+    f'newest megatron: python {sys.version.split()[0]}, torch {torch.__version__}, '
+    f'megatron-core {m.__version__}, numpy {numpy.__version__}')"
+exec .venv-newest/bin/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile \
+  tests/test_megatron_compat.py tests/test_training_in_process.py tests/test_precision_paths.py \
+  tests/test_te_path.py tests/test_cpu_patches.py tests/distributed/test_precision_tp.py \
+  tests/distributed/test_monitors.py tests/distributed/test_parallel_training.py "$@"

@@ -1,0 +1,48 @@
+"""The layer-spec surgery on the installed megatron-core (run on 0.16.1 in the main
+environment and on the newest release by scripts/test_newest_megatron.sh).
+
+From 0.18 the local spec's MLP is `functools.partial(MLP.as_mlp_submodule,
+submodules=...)`, not a `ModuleSpec` with `.submodules`: the landed code read
+`spec.submodules.mlp.submodules` and every emulated recipe failed to build there.
+"""
+
+import functools
+
+import megatron.core
+import pytest
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from packaging.version import Version
+
+from megatron_gnmr.arguments import parse_config
+from megatron_gnmr.model import layer_spec
+from megatron_gnmr.platform import megatron_compat
+from megatron_gnmr.precision.linear import EmulatedColumnParallelLinear, EmulatedRowParallelLinear
+
+VERSION = Version(megatron.core.__version__.split("+")[0])
+EMULATED = {"linear_qkv": EmulatedColumnParallelLinear,
+            "linear_proj": EmulatedRowParallelLinear,
+            "linear_fc1": EmulatedColumnParallelLinear,
+            "linear_fc2": EmulatedRowParallelLinear}
+
+
+@pytest.mark.parametrize("num_experts", [None, 4], ids=["dense", "moe"])
+def test_the_mlp_node_has_this_release_s_form(num_experts):
+    mlp = megatron_compat.local_layer_spec(num_experts).submodules.mlp
+    assert isinstance(mlp, functools.partial) == (VERSION >= Version("0.18"))
+    assert megatron_compat.mlp_submodules(megatron_compat.local_layer_spec(num_experts)) \
+        .linear_fc1 is ColumnParallelLinear
+
+
+@pytest.mark.parametrize("num_experts", [None, 4], ids=["dense", "moe"])
+def test_every_emulated_recipe_spec_routes_all_four_unit_linears(num_experts):
+    flags = ["--num-experts", str(num_experts)] if num_experts else []
+    for recipe in ("fp8-emulated", "deepseek", "act-quant", "fp8-torchao"):
+        spec = layer_spec(parse_config([*flags, "--precision-recipe", recipe]))
+        assert megatron_compat.unit_linear_classes(spec) == EMULATED, recipe
+    plain = megatron_compat.local_layer_spec(num_experts)
+    assert megatron_compat.unit_linear_classes(plain) == {
+        "linear_qkv": ColumnParallelLinear, "linear_proj": RowParallelLinear,
+        "linear_fc1": ColumnParallelLinear, "linear_fc2": RowParallelLinear}
+    # the original spec is left as it was (the replacement works on a copy)
+    assert megatron_compat.unit_linear_classes(layer_spec(parse_config(flags))) == \
+        megatron_compat.unit_linear_classes(plain)
