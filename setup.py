@@ -1,8 +1,8 @@
 """megatron-gnmr: low-precision LLaMA pretraining on megatron-core with the GNMR controller.
 
-Install with `bash scripts/setup_env.sh` (CPU: installs the CPU torch wheel first so that no
-requirement here can pull a multi-GB CUDA torch). On GPU clusters use an NGC PyTorch
-container, which already has torch, Transformer Engine and apex: `pip install -e .[te]`.
+Install with `bash scripts/setup_env.sh`: on a CPU machine it installs the CPU torch wheel
+first so that no requirement here can pull a multi-GB CUDA torch; in an NGC PyTorch container
+(GPU clusters) it reuses the container's torch, Transformer Engine and apex and pins them.
 """
 
 import os

@@ -35,7 +35,7 @@ def bench_policy(num_units: int, steps: int) -> float:
 
 
 def bench_training(model_flags: list[str], steps: int) -> tuple[float, float]:
-    from megatron_gnmr.training.step_timing import time_training_steps
+    from megatron_gnmr.experiments.side_by_side import time_training_steps
 
     base = [*model_flags, "--train-iters", str(10 * steps), "--lr-warmup-iters", "1"]
     times = time_training_steps({"off": base, "on": [*base, "--gnmr"]}, steps)

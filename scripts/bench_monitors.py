@@ -43,7 +43,7 @@ def bench_d2(d_model: int, d_head: int = 128) -> tuple[float, float, float]:
 
 
 def bench_share(steps: int) -> dict[str, float]:
-    from megatron_gnmr.training.step_timing import time_training_steps
+    from megatron_gnmr.experiments.side_by_side import time_training_steps
 
     base = ["--config", "configs/tiny_cpu.yaml", "--train-iters", str(steps + 10),
             "--lr-warmup-iters", "1"]

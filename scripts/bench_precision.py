@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     from megatron_gnmr.platform import quiet_known_warnings
-    from megatron_gnmr.training.step_timing import time_training_steps
+    from megatron_gnmr.experiments.side_by_side import time_training_steps
 
     quiet_known_warnings()
     base = ["--config", "configs/tiny_cpu.yaml", "--train-iters", "1000", "--lr-warmup-iters", "1"]

@@ -66,7 +66,7 @@ def test_a_logger_that_fails_to_start_closes_those_already_started(monkeypatch, 
 def test_the_agreement_digest_covers_all_controller_state():
     from types import SimpleNamespace
 
-    from megatron_gnmr.config import GNMRRunConfig
+    from megatron_gnmr.controller.config import GNMRRunConfig
     from megatron_gnmr.controller.runtime import Controller
 
     def controller():
@@ -109,7 +109,9 @@ def test_training_images_are_closed_after_logging():
     logged = []
     trainer = SimpleNamespace(
         config=parse_config(["--image-interval", "1"]), run_dir=None,
-        controller=SimpleNamespace(recent_run_log=lambda name: _run_log(16)),
+        controller=SimpleNamespace(recent_window=lambda: {
+            "units": (log := _run_log(16)).units, "gnmr": log.gnmr, "recovery": log.recovery,
+            "first_step": 1, "alpha": 2.0}),
         logger=SimpleNamespace(image=lambda step, key, figure: logged.append(key)))
     open_before = plt.get_fignums()
     for step in (1, 2, 3):

@@ -1,10 +1,15 @@
-"""GNMRConfig: the knobs of the decision rule (SPEC section 5), validated on construction."""
+"""The controller's config: `GNMRConfig`, the knobs of the decision rule (SPEC section 5),
+and `GNMRRunConfig`, those plus how the controller is wired into a run (the run config's
+`gnmr` section, flags `--gnmr-*`). Validated on construction."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
+
+from megatron_gnmr.limits import check_limits, limit
 
 
 def _parse_schedule(value) -> tuple[tuple[int, float], ...]:
@@ -102,3 +107,63 @@ class GNMRConfig:
             if from_step <= step:
                 value = threshold
         return value
+
+
+@dataclass
+class GNMRRunConfig(GNMRConfig):
+    """The controller: the decision rule's knobs plus how it is wired into training."""
+
+    enabled: bool = False
+    """Turn the GNMR controller on (flag: --gnmr)."""
+    units: str = (r"layers\.\d+\.(self_attention\.linear_(qkv|proj)"
+                  r"|mlp\.(experts\.\d+\.)?linear_fc[12])$")
+    """Regex over unit names selecting the eligible units (default: all decoder linears)."""
+    nonfinite: str = "skip"
+    """On a NaN/Inf gradient: `skip` the optimizer step, or `raise` (stop, keep checkpoint)."""
+    trace_interval: int = limit(1, ge=0)
+    """Write the per-unit trace (norms, scores, decision) every N steps (0: never)."""
+    agreement_interval: int = limit(100, ge=0)
+    """Every N steps all ranks check they hold the same controller state (0: never)."""
+    max_nonfinite_steps: int = limit(10, ge=1)
+    """Stop the run after this many consecutive steps with non-finite gradients."""
+    signals: str = "gnmr"
+    """Risk signals, comma list (a unit's risk is the max of their scores): gnmr, qerr, monitor;
+    baselines random, static, oracle (see controller/signals.py)."""
+    measure: str = ""
+    """Probed signals to measure and trace without acting on them (qerr, oracle), for replay."""
+    qerr_ratio: float = limit(1.5, gt=0)
+    """qerr: a unit is risky when its quantization error exceeds this x its baseline."""
+    qerr_baseline: str = "history"
+    """qerr baseline: history (the unit's own running mean, like GNMR) or peers (this step's
+    median over units)."""
+    static_units: str = r"mlp\.(experts\.\d+\.)?linear_fc2$"
+    """static baseline: regex of the units it recovers."""
+    selection_seed: int = limit(0, ge=0, lt=2**63)
+    """random baseline: seed of its draws."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_limits(self, "gnmr")
+        if self.nonfinite not in ("skip", "raise"):
+            raise ValueError(f"gnmr.nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
+        from megatron_gnmr.controller.signals import PROBED, QERR_BASELINES, parse_signals
+
+        parse_signals(self.signals)
+        unknown = set(filter(None, self.measure.split(","))) - set(PROBED)
+        if unknown:
+            raise ValueError(f"gnmr.measure cannot measure {', '.join(sorted(unknown))}; "
+                             f"use {', '.join(PROBED)}")
+        if self.qerr_baseline not in QERR_BASELINES:
+            raise ValueError(f"gnmr.qerr_baseline must be one of {QERR_BASELINES}, got "
+                             f"{self.qerr_baseline!r}")
+
+    def probed(self) -> tuple[str, ...]:
+        """The probe measurements this run needs (to act on or to trace)."""
+        from megatron_gnmr.controller.signals import PROBED, parse_signals
+
+        wanted = set(parse_signals(self.signals)) | set(filter(None, self.measure.split(",")))
+        return tuple(p for p in PROBED if p in wanted)
+
+    def policy_config(self) -> GNMRConfig:
+        names = [f.name for f in dataclasses.fields(GNMRConfig)]
+        return GNMRConfig(**{name: getattr(self, name) for name in names})

@@ -24,7 +24,7 @@ from collections import Counter
 import numpy as np
 from tqdm import tqdm
 
-from megatron_gnmr.config import GNMRRunConfig
+from megatron_gnmr.controller.config import GNMRRunConfig
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import GNMRPolicy
 from megatron_gnmr.controller.signals import PROBED, SignalScores, parse_signals

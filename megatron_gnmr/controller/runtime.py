@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from megatron_gnmr.config import GNMRRunConfig
+from megatron_gnmr.controller.config import GNMRRunConfig
 from megatron_gnmr.controller.grad_stats import GradStats, StepGradStats
 from megatron_gnmr.controller.outcome import StepOutcome
 from megatron_gnmr.controller.policy import Decision, GNMRPolicy
@@ -148,10 +148,10 @@ class Controller:
     def summary(self) -> dict:
         return {f"gnmr/{key}": value for key, value in self.policy.summary().items()}
 
-    def recent_run_log(self, name: str):
-        """The recent window as a report `RunLog` (recovery shown in the step it runs)."""
-        from megatron_gnmr.observe.report import RunLog
-
+    def recent_window(self) -> dict | None:
+        """The last steps as plain arrays, for the images logged during training: `gnmr`
+        [steps, units], `recovery` [steps, units] (shown in the step it runs), the unit
+        names, the first step and alpha."""
         if not self.recent:
             return None
         steps = [step for step, _, _ in self.recent]
@@ -159,8 +159,8 @@ class Controller:
         recovery = np.zeros_like(gnmr, dtype=bool)
         for row, (_, _, decided) in enumerate(list(self.recent)[:-1]):
             recovery[row + 1, list(decided)] = True
-        return RunLog(name, [], self.registry.names, recovery, gnmr,
-                      self.config.threshold("alpha", steps[-1]), first_step=steps[0])
+        return {"units": self.registry.names, "gnmr": gnmr, "recovery": recovery,
+                "first_step": steps[0], "alpha": self.config.threshold("alpha", steps[-1])}
 
     def metrics(self, decision: Decision) -> dict:
         summary = self.policy.summary()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -20,6 +19,7 @@ import numpy as np
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import Decision
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.jsonl import keep_records_up_to
 
 
 def _encode(value: float):
@@ -43,7 +43,7 @@ class TraceWriter:
         if path.exists() and resume_step == 0:  # a fresh start: another run's trace goes
             path.unlink()
         if path.exists():  # steps past the checkpoint (or a crash's cut line) are redone
-            _truncate_after(path, resume_step)
+            keep_records_up_to(path, resume_step)
         new = not path.exists() or path.stat().st_size == 0
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = path.open("a", buffering=1)
@@ -64,21 +64,6 @@ class TraceWriter:
 
     def close(self) -> None:
         self.file.close()
-
-
-def _truncate_after(path: Path, step: int) -> None:
-    """Keep the header and the complete records of steps <= `step`, rewritten atomically."""
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-        if record.get("step", 0) <= step:
-            kept.append(line + "\n")
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(kept))
-    os.replace(partial, path)
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import (
 )
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-from megatron_gnmr.config import RunConfig
+from megatron_gnmr.data.config import DataConfig
 from megatron_gnmr.data.prepare import prepare_data
 from megatron_gnmr.data.tokenizer import Tokenizer
 from megatron_gnmr.errors import UserError
@@ -37,16 +37,15 @@ class DataSource:
     unigram_entropy: float | None  # nats, when known from prepare-data
 
 
-def prepare_default_data(config: RunConfig) -> None:
+def prepare_default_data(data: DataConfig) -> None:
     """Without --data-path: fetch and prepare the Shakespeare corpus (cached). Run by one rank
     while the others wait (it writes the shared cache)."""
-    if config.data.data_path is None:
-        prepare_data(config.data.data_cache_dir, config.data.vocab_size, quiet=False)
+    if data.data_path is None:
+        prepare_data(data.data_cache_dir, data.vocab_size, quiet=False)
 
 
-def resolve_data(config: RunConfig) -> DataSource:
+def resolve_data(data: DataConfig) -> DataSource:
     """The data prefix and tokenizer for this run (after `prepare_default_data`)."""
-    data = config.data
     if data.data_path is None:
         prepared = prepare_data(data.data_cache_dir, data.vocab_size, quiet=True)
         return DataSource(prepared.prefix, Tokenizer(prepared.tokenizer_model),
@@ -56,17 +55,15 @@ def resolve_data(config: RunConfig) -> DataSource:
     return DataSource(data.data_path, Tokenizer(model_path, flag="--tokenizer-model"), None)
 
 
-def build_datasets(config: RunConfig, source: DataSource, eval_batches: int):
-    """(train, valid) GPTDatasets sized for the whole run."""
-    t = config.training
-    train_samples = t.train_iters * t.global_batch_size
-    valid_samples = max(eval_batches, 1) * t.global_batch_size
-    cache = private_index_cache(config.data.data_cache_dir)
+def build_datasets(data: DataConfig, source: DataSource, sequence_length: int, seed: int,
+                   train_samples: int, valid_samples: int):
+    """(train, valid) GPTDatasets with at least the given numbers of samples."""
+    cache = private_index_cache(data.data_cache_dir)
     dataset_config = GPTDatasetConfig(
-        random_seed=t.seed,
-        sequence_length=config.model.seq_length,
+        random_seed=seed,
+        sequence_length=sequence_length,
         blend=([source.prefix], None),
-        split=config.data.split,
+        split=data.split,
         tokenizer=source.tokenizer,
         reset_position_ids=False,
         reset_attention_mask=False,
@@ -82,9 +79,9 @@ def build_datasets(config: RunConfig, source: DataSource, eval_batches: int):
             ).build()
     except (AssertionError, ValueError, IndexError) as error:
         raise UserError(f"--data-path {source.prefix}: cannot build train/valid datasets "
-                        f"with --split {config.data.split} ({error})") from None
+                        f"with --split {data.split} ({error})") from None
     if train is None or valid is None:
-        raise UserError(f"--split {config.data.split}: needs non-zero train and valid weights")
+        raise UserError(f"--split {data.split}: needs non-zero train and valid weights")
     return train, valid
 
 

@@ -27,7 +27,7 @@ from megatron_gnmr.experiments.scenario import Scenario, load_scenario, results_
 from megatron_gnmr.experiments.tables import divergence_step
 from megatron_gnmr.monitors.alarms import AlarmBook
 from megatron_gnmr.monitors.detectors.reference_runs import signals_by_key
-from megatron_gnmr.observe.report import read_jsonl
+from megatron_gnmr.jsonl import read_jsonl
 
 # Signal group -> (family, signal names): the first alarm of any layer's signal in the group.
 GROUPS = {

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from megatron_gnmr.platform import capabilities, quiet_known_warnings
     from megatron_gnmr.precision.torchao_compat import torchao_version
-    from megatron_gnmr.training.step_timing import train_side_by_side
+    from megatron_gnmr.experiments.side_by_side import train_side_by_side
 
     quiet_known_warnings()
     steps = 6 if args.smoke else args.steps

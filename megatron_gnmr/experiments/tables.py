@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from megatron_gnmr.experiments.scenario import Scenario
-from megatron_gnmr.observe.report import read_jsonl
+from megatron_gnmr.jsonl import read_jsonl
 
 
 DIVERGENCE_WINDOW = 20

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Protocol
+
+from megatron_gnmr.jsonl import keep_records_up_to
 
 
 class Logger(Protocol):
@@ -66,21 +67,6 @@ class JsonlLogger:
 
     def close(self) -> None:
         self.file.close()
-
-
-def keep_records_up_to(path: Path, step: int) -> None:
-    """Rewrite a JSONL log (atomically) with only its complete records of steps <= `step`."""
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-        if record.get("step", 0) <= step:
-            kept.append(line + "\n")
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(kept))
-    os.replace(partial, path)
 
 
 class ConsoleLogger:

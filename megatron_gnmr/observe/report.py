@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.jsonl import read_jsonl
 
 
 @dataclass
@@ -30,18 +31,6 @@ class RunLog:
     gnmr: np.ndarray | None  # [steps, units]
     alpha: float | None
     first_step: int = 1  # the step of row 0 (a window of a longer run starts later)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Every complete record of a JSONL log (one cut by a crash, or being written, is
-    skipped)."""
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash, or the one being written right now
-    return records
 
 
 def load_run(run_dir: str) -> RunLog:

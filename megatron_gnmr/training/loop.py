@@ -109,7 +109,7 @@ class Trainer:
         self.config = config
         t = config.training
         self.faults = NO_FAULTS
-        on_every_rank(lambda: prepare_default_data(config) if is_logging_rank() else None)
+        on_every_rank(lambda: prepare_default_data(config.data) if is_logging_rank() else None)
         on_every_rank(self._build_locally)
         self.optimizer, self.scheduler = build_optimizer(
             config, self.model, clip_in_megatron=not config.gnmr.enabled)
@@ -118,7 +118,10 @@ class Trainer:
         tconfig.finalize_model_grads_func = finalize_model_grads
         tconfig.grad_scale_func = self.optimizer.scale_loss
         self.eval_iters = t.eval_iters
-        train, valid = build_datasets(config, self.data, self.eval_iters)
+        train, valid = build_datasets(
+            config.data, self.data, config.model.seq_length, t.seed,
+            train_samples=t.train_iters * t.global_batch_size,
+            valid_samples=max(self.eval_iters, 1) * t.global_batch_size)
         self.train_reader = BatchReader(train, t.micro_batch_size, t.global_batch_size)
         self.valid_reader = BatchReader(valid, t.micro_batch_size, t.global_batch_size)
         self.state = RunState()
@@ -130,7 +133,7 @@ class Trainer:
     def _build_locally(self) -> None:
         """Everything that runs no collective: a failure here is agreed on by all ranks."""
         config, t = self.config, self.config.training
-        self.data = resolve_data(config)
+        self.data = resolve_data(config.data)
         self.model = build_model(config, self.data.tokenizer.vocab_size)
         self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
                                   and not config.gnmr.enabled)
@@ -157,15 +160,16 @@ class Trainer:
         if not interval or not is_logging_rank() or \
                 not (step % interval == 0 or step == self.config.training.train_iters):
             return
-        run_log = self.controller.recent_run_log(
-            Path(self.run_dir).name if self.run_dir else "run")
-        if run_log is None:
+        window = self.controller.recent_window()
+        if window is None:
             return
         import matplotlib.pyplot as plt
 
-        from megatron_gnmr.observe.report import timeline_figure
+        from megatron_gnmr.observe.report import RunLog, timeline_figure
 
-        figure = timeline_figure(run_log)
+        name = Path(self.run_dir).name if self.run_dir else "run"
+        figure = timeline_figure(RunLog(name, [], window["units"], window["recovery"],
+                                        window["gnmr"], window["alpha"], window["first_step"]))
         self.logger.image(step, "gnmr/recovery_timeline", figure)
         plt.close(figure)
 

@@ -42,7 +42,7 @@ class PlainStep:
     def verify_agreement(self, step: int) -> None:
         pass
 
-    def recent_run_log(self, name: str):
+    def recent_window(self) -> None:
         return None
 
     def summary(self) -> dict:

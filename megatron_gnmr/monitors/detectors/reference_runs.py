@@ -19,7 +19,7 @@ from pathlib import Path
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.monitors.alarms import ALARM_SIGNALS
-from megatron_gnmr.observe.report import read_jsonl
+from megatron_gnmr.jsonl import read_jsonl
 
 LOSS_KEY = "loss/train_loss"
 

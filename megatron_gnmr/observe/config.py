@@ -1,0 +1,29 @@
+"""The logging section of a run's config (W&B, TensorBoard, images, console)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from megatron_gnmr.limits import check_limits, limit
+
+
+@dataclass
+class LoggingConfig:
+    wandb_project: Optional[str] = None
+    """W&B project; W&B is off without it. Files stay in the run directory (--save)."""
+    wandb_exp_name: Optional[str] = None
+    """W&B run name (default: W&B's)."""
+    wandb_entity: Optional[str] = None
+    """W&B entity (team or user)."""
+    wandb_mode: Optional[str] = None
+    """offline | online | disabled (default: online if an API key is configured, else offline)."""
+    tensorboard_dir: Optional[str] = None
+    """Write TensorBoard event files here (same scalar names as W&B)."""
+    image_interval: int = limit(100, ge=0)
+    """W&B/TensorBoard: log the recovery timeline image every N steps (0: never)."""
+    log_all_ranks: bool = False
+    """Console lines from every rank (prefixed with the rank), not only rank 0."""
+
+    def __post_init__(self) -> None:
+        check_limits(self, "logging")

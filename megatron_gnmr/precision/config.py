@@ -1,0 +1,25 @@
+"""The precision section of a run's config (`--precision-recipe`, `--fp8-*`, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PrecisionConfig:
+    precision_recipe: str = "none"
+    """none | fp8-emulated | deepseek | act-quant | te-fp8 (low-cost/recovery path pair)."""
+    precision_static: str = "low"
+    """Without --gnmr: every unit on the `low` cost path or on the `recovery` path."""
+    fp8_format: str = "hybrid"
+    """hybrid (E4M3 forward, E5M2 gradients) or e4m3 (everywhere)."""
+    fp8_recipe: str = "tensorwise"
+    """Scaling: tensorwise (current), blockwise (1x128 / 128x128), mxfp8; delayed is refused."""
+    deepseek_low_format: str = "e2m3"
+    """The 6-bit format of the deepseek recipe's low-cost path: e2m3 or e3m2."""
+    act_quant_bits: int = 4
+    """act-quant: bits of the saved activation on the low-cost path (2, 3, 4, 8)."""
+    act_quant_recovery_bits: int = 8
+    """act-quant: bits on the recovery path (8, or 16 for exact)."""
+    act_quant_granularity: str = "tensor"
+    """act-quant scale granularity: tensor, row, tile."""
