@@ -12,6 +12,7 @@ from megatron_gnmr import input_files
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.monitors.detectors import DETECTORS
+from megatron_gnmr.monitors.families import FAMILIES, parse_families
 from megatron_gnmr.training.run_directory import check_run_directory
 
 
@@ -140,13 +141,13 @@ def validate_logging(config: RunConfig) -> None:
 
 def validate_monitors(config: RunConfig) -> None:
     monitor = config.monitor
-    families = set(filter(None, monitor.monitors.split(",")))
-    unknown = families - {"attention", "router"}
-    if unknown:
-        raise UserError(f"--monitors: unknown monitor(s) {', '.join(sorted(unknown))}; use "
-                        "attention, router")
-    if "router" in families and not config.model.num_experts:
-        raise UserError("--monitors router needs an MoE model (--num-experts N)")
+    try:
+        families = parse_families(monitor.monitors)
+    except ValueError as error:
+        raise UserError(f"--monitors: {error}") from None
+    for name in families:
+        if FAMILIES[name].needs_experts and not config.model.num_experts:
+            raise UserError(f"--monitors {name} needs an MoE model (--num-experts N)")
     if monitor.monitor_delta > monitor.monitor_interval:
         raise UserError(f"--monitor-delta {monitor.monitor_delta} must be in [1, "
                         f"--monitor-interval {monitor.monitor_interval}]")

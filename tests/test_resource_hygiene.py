@@ -70,26 +70,26 @@ def test_the_agreement_digest_covers_all_controller_state():
     from megatron_gnmr.controller.runtime import Controller
 
     def controller():
-        c = Controller.__new__(Controller)
-        config = GNMRRunConfig(enabled=True, signals="gnmr,qerr,random")
         from megatron_gnmr.controller.policy import GNMRPolicy
-        from megatron_gnmr.controller.signals import SignalScores
+        from megatron_gnmr.controller.signals import build_signals
         from megatron_gnmr.precision.plan import PrecisionPlan
 
+        c = Controller.__new__(Controller)
+        config = GNMRRunConfig(enabled=True, signals="gnmr,qerr,random")
+        names = ["a", "b", "c", "d"]
         c.policy = GNMRPolicy(config.policy_config(), 4)
         c.plan = PrecisionPlan()
-        c.signal_scores = SignalScores(("gnmr", "qerr", "random"), ["a", "b", "c", "d"], 1.5,
-                                       "history", "d", seed=0)
-        c.firing = set()
-        c.registry = SimpleNamespace(names=["a", "b", "c", "d"])
+        c.signals = build_signals(("gnmr", "qerr", "random"), names, config.signal_settings(0))
+        c.alarmed = frozenset()
+        c.registry = SimpleNamespace(names=names)
         return c
 
     reference = controller()._digest()
     for change in (lambda c: c.policy.locks.__setitem__(0, 1),
                    lambda c: c.plan.advance(["b"], 3),
-                   lambda c: c.signal_scores.qerr_sum.__setitem__(2, 0.5),
-                   lambda c: c.signal_scores.rng.random(),
-                   lambda c: c.firing.add(("attention", 0))):
+                   lambda c: c.signals[0].qerr_sum.__setitem__(2, 0.5),
+                   lambda c: c.signals[1].rng.random(),
+                   lambda c: setattr(c, "alarmed", frozenset({"layers.0.mlp."}))):
         changed = controller()
         change(changed)
         assert changed._digest() != reference

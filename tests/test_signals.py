@@ -9,11 +9,17 @@ import torch
 
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import GNMRPolicy
-from megatron_gnmr.controller.signals import SignalScores, relative_errors
+from megatron_gnmr.controller.signals import Observations, combined
+from megatron_gnmr.controller.signals.monitor import MonitorSignal
+from megatron_gnmr.controller.signals.oracle import OracleSignal
+from megatron_gnmr.controller.signals.qerr import QerrSignal
+from megatron_gnmr.controller.signals.random_units import RandomSignal
+from megatron_gnmr.controller.signals.static_units import StaticSignal
 from megatron_gnmr.precision.paths import GemmPath, emulated_linear
-from megatron_gnmr.precision.probes import SLOTS, ProbeBank
+from megatron_gnmr.precision.probes import SLOTS, ProbeBank, relative_errors
 from megatron_gnmr.precision.scaling import QuantSpec
 
+SETTINGS = {"qerr_ratio": 1.5, "qerr_baseline": "history", "static_units": "x", "seed": 0}
 LOW = GemmPath("act-int3", saved_input=QuantSpec("int3", "tensor"))
 RECOVERY = GemmPath("act-int8", saved_input=QuantSpec("int8", "tensor"))
 
@@ -101,14 +107,12 @@ def test_oracle_selects_the_units_with_the_largest_true_weight_gradient_error():
         expected.append(np.linalg.norm(low - exact) / np.linalg.norm(exact))
     _, oracle = relative_errors(bank.take().reshape(len(names), SLOTS).numpy())
     assert oracle == pytest.approx(expected, rel=1e-4)
-    scorer = SignalScores(("oracle",), names, 1.5, "history", "x", 0)
+    scorer = OracleSignal(names, SETTINGS)
+    observed = Observations(oracle=oracle)
     policy = GNMRPolicy(GNMRConfig(max_o=2, warmup=2, delta=1), len(names))
-    policy.step(np.ones(4), scorer.combined(scorer.scores(None, oracle, set())),
-                use_gnmr=False)  # warm-up
-    policy.step(np.ones(4), scorer.combined(scorer.scores(None, oracle, set())),
-                use_gnmr=False)
-    decision = policy.step(np.ones(4), scorer.combined(scorer.scores(None, oracle, set())),
-                           use_gnmr=False)
+    policy.step(np.ones(4), combined([scorer.scores(observed)]), use_gnmr=False)  # warm-up
+    policy.step(np.ones(4), combined([scorer.scores(observed)]), use_gnmr=False)
+    decision = policy.step(np.ones(4), combined([scorer.scores(observed)]), use_gnmr=False)
     assert set(decision.recovery) == set(np.argsort(expected)[-2:])
 
 
@@ -124,32 +128,32 @@ def test_relative_errors_by_hand():
 
 def test_qerr_scores_history_and_peers_by_hand():
     names = ["a", "b", "c"]
-    history = SignalScores(("qerr",), names, 2.0, "history", "x", 0)
-    first = history.scores(np.array([0.2, 0.4, 0.8]), None, set())["qerr"]
+    history = QerrSignal(names, {**SETTINGS, "qerr_ratio": 2.0})
+    first = history.scores(Observations(qerr=np.array([0.2, 0.4, 0.8])))
     assert np.isnan(first).all()  # no history yet
-    second = history.scores(np.array([0.6, 0.4, 0.8]), None, set())["qerr"]
+    second = history.scores(Observations(qerr=np.array([0.6, 0.4, 0.8])))
     assert second == pytest.approx([0.6 / (2 * 0.2), 0.4 / (2 * 0.4), 0.8 / (2 * 0.8)])
-    peers = SignalScores(("qerr",), names, 2.0, "peers", "x", 0)
-    assert peers.scores(np.array([0.2, 0.4, 1.2]), None, set())["qerr"] == \
+    peers = QerrSignal(names, {**SETTINGS, "qerr_ratio": 2.0, "qerr_baseline": "peers"})
+    assert peers.scores(Observations(qerr=np.array([0.2, 0.4, 1.2]))) == \
         pytest.approx([0.25, 0.5, 1.5])  # median 0.4
 
 
 def test_random_is_seeded_and_resumable_static_and_monitor_pick_their_units():
     names = ["layers.0.self_attention.linear_qkv", "layers.0.mlp.linear_fc2",
              "layers.1.self_attention.linear_proj", "layers.1.mlp.linear_fc2"]
-    a = SignalScores(("random", "static", "monitor"), names, 1.5, "history",
-                     r"mlp\.linear_fc2$", 7)
-    b = SignalScores(("random",), names, 1.5, "history", "x", 7)
-    first = a.scores(None, None, {("attention", 1)})
-    assert np.array_equal(first["random"], b.scores(None, None, set())["random"])
-    assert all(1.0 <= v < 2.0 for v in first["random"])
-    assert list(first["static"]) == [0.0, 2.0, 0.0, 2.0]
-    assert list(first["monitor"]) == [0.0, 0.0, 2.0, 0.0]
+    settings = {**SETTINGS, "static_units": r"mlp\.linear_fc2$", "seed": 7}
+    a, b = RandomSignal(names, settings), RandomSignal(names, settings)
+    alarm = Observations(alarmed=frozenset({"layers.1.self_attention."}))
+    first = a.scores(alarm)
+    assert np.array_equal(first, b.scores(Observations()))
+    assert all(1.0 <= v < 2.0 for v in first)
+    assert list(StaticSignal(names, settings).scores(alarm)) == [0.0, 2.0, 0.0, 2.0]
+    assert list(MonitorSignal(names, settings).scores(alarm)) == [0.0, 0.0, 2.0, 0.0]
     state = a.state_dict()
-    nxt = a.scores(None, None, set())["random"]
-    c = SignalScores(("random",), names, 1.5, "history", "x", 0)
+    nxt = a.scores(Observations())
+    c = RandomSignal(names, {**settings, "seed": 0})
     c.load_state_dict(state)
-    assert np.array_equal(c.scores(None, None, set())["random"], nxt)
+    assert np.array_equal(c.scores(Observations()), nxt)
 
 
 def test_budget_rate_bucket_spends_rate_times_units_per_step():

@@ -146,23 +146,32 @@ class GNMRRunConfig(GNMRConfig):
         check_limits(self, "gnmr")
         if self.nonfinite not in ("skip", "raise"):
             raise ValueError(f"gnmr.nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
-        from megatron_gnmr.controller.signals import PROBED, QERR_BASELINES, parse_signals
+        from megatron_gnmr.controller.signals import PROBED, parse_signals
+        from megatron_gnmr.controller.signals.qerr import BASELINES
 
         parse_signals(self.signals)
         unknown = set(filter(None, self.measure.split(","))) - set(PROBED)
         if unknown:
             raise ValueError(f"gnmr.measure cannot measure {', '.join(sorted(unknown))}; "
                              f"use {', '.join(PROBED)}")
-        if self.qerr_baseline not in QERR_BASELINES:
-            raise ValueError(f"gnmr.qerr_baseline must be one of {QERR_BASELINES}, got "
+        if self.qerr_baseline not in BASELINES:
+            raise ValueError(f"gnmr.qerr_baseline must be one of {BASELINES}, got "
                              f"{self.qerr_baseline!r}")
 
     def probed(self) -> tuple[str, ...]:
         """The probe measurements this run needs (to act on or to trace)."""
-        from megatron_gnmr.controller.signals import PROBED, parse_signals
+        from megatron_gnmr.controller.signals import PROBED, observed_by, parse_signals
 
-        wanted = set(parse_signals(self.signals)) | set(filter(None, self.measure.split(",")))
+        wanted = set(observed_by(parse_signals(self.signals))) | set(
+            filter(None, self.measure.split(",")))
         return tuple(p for p in PROBED if p in wanted)
+
+    def signal_settings(self, run_seed: int) -> dict:
+        """What the risk signals read (recorded in the trace header, so replay scores them
+        the same way, and swept by replay)."""
+        return {"signals": self.signals, "qerr_ratio": self.qerr_ratio,
+                "qerr_baseline": self.qerr_baseline, "static_units": self.static_units,
+                "seed": self.selection_seed + run_seed}
 
     def policy_config(self) -> GNMRConfig:
         names = [f.name for f in dataclasses.fields(GNMRConfig)]

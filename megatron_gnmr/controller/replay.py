@@ -24,10 +24,16 @@ from collections import Counter
 import numpy as np
 from tqdm import tqdm
 
-from megatron_gnmr.controller.config import GNMRRunConfig
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import GNMRPolicy
-from megatron_gnmr.controller.signals import PROBED, SignalScores, parse_signals
+from megatron_gnmr.controller.signals import (
+    PROBED,
+    Observations,
+    build_signals,
+    combined,
+    observed_by,
+    parse_signals,
+)
 from megatron_gnmr.controller.trace import Trace, iter_gaps, read_trace
 from megatron_gnmr.errors import UserError
 
@@ -68,35 +74,33 @@ class ReplayResult:
     """Caught true weight-gradient error over the most the same unit-steps could catch."""
 
 
-def _signal_scores(trace: Trace, settings: dict) -> SignalScores:
-    signals = parse_signals(settings["signals"])
-    missing = [s for s in signals if s in PROBED + ("monitor",) and s not in trace.signals]
+def _signals(trace: Trace, settings: dict):
+    names = parse_signals(settings["signals"])
+    needed = observed_by(names)
+    missing = [o for o in needed if (o in PROBED and o not in trace.signals)
+               or (o == "alarmed" and trace.alarmed is None)]
     if missing:
         raise UserError(f"replay: the trace has no recorded {', '.join(missing)} values (record "
                         "them live with --gnmr-measure qerr,oracle or the monitor signal)")
-    defaults = GNMRRunConfig()  # for traces written before the settings were recorded
-    return SignalScores(signals, trace.units,
-                        settings.get("qerr_ratio", defaults.qerr_ratio),
-                        settings.get("qerr_baseline", defaults.qerr_baseline),
-                        settings.get("static_units", defaults.static_units),
-                        settings.get("seed", defaults.selection_seed))
+    return names, build_signals(names, trace.units, settings)
 
 
 def replay(trace: Trace, config: GNMRConfig, show_progress: bool = False,
            signal_settings: dict | None = None) -> ReplayResult:
     settings = {**trace.signal_settings, **(signal_settings or {})}
-    scorer = _signal_scores(trace, settings)
+    names, signals = _signals(trace, settings)
     policy = GNMRPolicy(config, len(trace.units))
     counts: Counter[int] = Counter()
     decisions = []
     rows = tqdm(range(len(trace.steps)), desc="replay", unit="step",
                 disable=not show_progress, leave=False)
     for i in rows:
-        scores = scorer.scores(_row(trace, "qerr", i), _row(trace, "oracle", i), set())
-        if "monitor" in scorer.signals:
-            scores["monitor"] = trace.signals["monitor"][i]
-        decision = policy.step(trace.norms[i], scorer.combined(scores),
-                               use_gnmr="gnmr" in scorer.signals)
+        observations = Observations(
+            qerr=_row(trace, "qerr", i), oracle=_row(trace, "oracle", i),
+            alarmed=trace.alarmed[i] if trace.alarmed is not None else frozenset())
+        decision = policy.step(trace.norms[i],
+                               combined([s.scores(observations) for s in signals]),
+                               use_gnmr="gnmr" in names)
         counts.update(decision.recovery)
         decisions.append(decision.recovery)
     matches = sum(a == b for a, b in zip(decisions, trace.recovery))

@@ -3,7 +3,7 @@
 `Controller.after_backward` is the trainer's one call per optimizer step, after the
 gradients are reduced and before the update (`outcome.StepOutcome`). It owns the one
 all-reduce of the statistics (`GradStats`: norms and, when signals need them, the precision
-probes' sums), the other risk signals (`SignalScores`), the pure policy, the
+probes' sums), the other risk signals (`signals/`), the pure policy, the
 `PrecisionPlan` the precision backends read, clipping with the same global norm, and the
 trace.
 """
@@ -22,12 +22,19 @@ from megatron_gnmr.controller.config import GNMRRunConfig
 from megatron_gnmr.controller.grad_stats import GradStats, StepGradStats
 from megatron_gnmr.controller.outcome import StepOutcome
 from megatron_gnmr.controller.policy import Decision, GNMRPolicy
-from megatron_gnmr.controller.signals import SignalScores, parse_signals, relative_errors
+from megatron_gnmr.controller.signals import (
+    Observations,
+    build_signals,
+    combined,
+    observed_by,
+    parse_signals,
+)
 from megatron_gnmr.controller.trace import TraceWriter
 from megatron_gnmr.controller.units import UnitRegistry
 from megatron_gnmr.errors import RunAborted
 from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.precision.plan import PrecisionPlan
+from megatron_gnmr.precision.probes import relative_errors
 
 
 RECENT_STEPS = 500
@@ -48,16 +55,12 @@ class Controller:
         self.registry = registry
         self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes)
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
-        self.signals = parse_signals(config.signals)
+        self.signal_names = parse_signals(config.signals)
+        self.signal_settings = config.signal_settings(seed)
+        self.signals = build_signals(self.signal_names, registry.names, self.signal_settings)
         self.probed = config.probed()  # fixed for the run: not re-parsed every step
-        self.signal_settings = {"signals": config.signals, "qerr_ratio": config.qerr_ratio,
-                                "qerr_baseline": config.qerr_baseline,
-                                "static_units": config.static_units,
-                                "seed": config.selection_seed + seed}
-        self.signal_scores = SignalScores(self.signals, registry.names,
-                                          **{k: v for k, v in self.signal_settings.items()
-                                             if k != "signals"})
-        self.firing: set[tuple[str, int]] = set()  # the alarms of the last decision
+        self.traces_alarms = "alarmed" in observed_by(self.signal_names)
+        self.alarmed: frozenset[str] = frozenset()  # the alarms of the last decision
         self.plan = plan
         self.trace: TraceWriter | None = None
         # The last steps' scores and decisions, for the images logged during training
@@ -73,12 +76,12 @@ class Controller:
         return self.registry.names
 
     def after_backward(self, step: int, optimizer, loss: float,
-                       firing: set[tuple[str, int]]) -> StepOutcome:
+                       alarmed: frozenset[str]) -> StepOutcome:
         """Step `step`'s statistics -> the decision for step `step + 1`, then clipping and
-        megatron's gradient preparation unless something is non-finite. `firing`: the
-        (monitor family, layer) alarms firing now, for the `monitor` signal."""
+        megatron's gradient preparation unless something is non-finite. `alarmed`: the
+        unit-name prefixes under a firing monitor alarm, for the `monitor` signal."""
         stats = self.grad_stats.compute(float(optimizer.get_loss_scale()))
-        decision = self.observe(stats, step, firing)
+        decision = self.observe(stats, step, alarmed)
         if self.faults is not None:
             self.faults.corrupt_controller(step, self.policy)
         interval = self.config.agreement_interval
@@ -97,25 +100,25 @@ class Controller:
         return StepOutcome(stats.total_norm, not found_inf, (), metrics)
 
     def observe(self, stats: StepGradStats, step: int,
-                firing: set[tuple[str, int]] = frozenset()) -> Decision:
+                alarmed: frozenset[str] = frozenset()) -> Decision:
         """Decide the recovery set for step `step + 1` from step `step`'s statistics."""
         measured = {}
         if stats.probe_sums is not None:
             qerr, oracle = relative_errors(stats.probe_sums)
             measured = {name: values for name, values in (("qerr", qerr), ("oracle", oracle))
                         if name in self.probed}
-        scores = self.signal_scores.scores(measured.get("qerr"), measured.get("oracle"),
-                                           firing)
-        self.firing = set(firing)
-        decision = self.policy.step(stats.unit_norms, self.signal_scores.combined(scores),
-                                    use_gnmr="gnmr" in self.signals)
+        self.alarmed = frozenset(alarmed)
+        observations = Observations(**measured, alarmed=self.alarmed)
+        decision = self.policy.step(stats.unit_norms,
+                                    combined([s.scores(observations) for s in self.signals]),
+                                    use_gnmr="gnmr" in self.signal_names)
         self.plan.advance([self.registry.names[u] for u in decision.recovery], step + 1)
         self.recent.append((step, decision.gnmr.copy(), decision.recovery))
         interval = self.config.trace_interval
         if self.trace is not None and interval and step % interval == 0:
             traced = dict(measured)
-            if "monitor" in scores:
-                traced["monitor"] = scores["monitor"]
+            if self.traces_alarms:
+                traced["alarmed"] = sorted(self.alarmed)
             self.trace.write(decision, traced)
         return decision
 
@@ -178,13 +181,15 @@ class Controller:
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "plan": self.plan.state_dict(),
-                "signals": self.signal_scores.state_dict(), "firing": sorted(self.firing)}
+                "signals": {signal.name: signal.state_dict() for signal in self.signals},
+                "alarmed": sorted(self.alarmed)}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.plan.load_state_dict(state["plan"])
-        self.signal_scores.load_state_dict(state["signals"])
-        self.firing = {tuple(f) for f in state["firing"]}
+        for signal in self.signals:
+            signal.load_state_dict(state["signals"][signal.name])
+        self.alarmed = frozenset(state["alarmed"])
 
     def close(self) -> None:
         if self.trace is not None:

@@ -36,9 +36,12 @@ def _decode(value) -> float:
     return float(value)
 
 
+FORMAT = 2  # the header's "format": records observations (qerr, oracle, alarmed)
+
+
 class TraceWriter:
     def __init__(self, path: Path, unit_names: list[str], config: GNMRConfig, resume_step: int,
-                 signal_settings: dict | None = None):
+                 signal_settings: dict):
         self.path = path
         if path.exists() and resume_step == 0:  # a fresh start: another run's trace goes
             path.unlink()
@@ -48,18 +51,18 @@ class TraceWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = path.open("a", buffering=1)
         if new:
-            header = {"type": "header", "units": unit_names,
-                      "config": dataclasses.asdict(config),
-                      "signal_settings": signal_settings or {"signals": "gnmr"}}
+            header = {"type": "header", "format": FORMAT, "units": unit_names,
+                      "config": dataclasses.asdict(config), "signal_settings": signal_settings}
             self.file.write(json.dumps(header) + "\n")
 
-    def write(self, decision: Decision, signals: dict | None = None) -> None:
-        """One step: the norms, the decided set, and the raw per-unit values of the other
-        measured signals (qerr, oracle errors; monitor scores) so replay can use them."""
+    def write(self, decision: Decision, observed: dict | None = None) -> None:
+        """One step: the norms, the decided set, and what the risk signals observed (per-unit
+        arrays: qerr, oracle; `alarmed`: unit-name prefixes) so replay can score them."""
         record = {"step": decision.step, "norms": [_encode(v) for v in decision.norms.tolist()],
                   "recovery": list(decision.recovery)}
-        for name, values in (signals or {}).items():
-            record[name] = [_encode(v) for v in np.asarray(values, dtype=np.float64).tolist()]
+        for name, values in (observed or {}).items():
+            record[name] = list(values) if name == "alarmed" else \
+                [_encode(v) for v in np.asarray(values, dtype=np.float64).tolist()]
         self.file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
@@ -73,10 +76,12 @@ class Trace:
     steps: list[int]
     norms: np.ndarray  # [steps, units]
     recovery: list[tuple[int, ...]]
-    signals: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-    """Other recorded per-unit values ([steps, units]): qerr, oracle, monitor."""
-    signal_settings: dict = dataclasses.field(default_factory=lambda: {"signals": "gnmr"})
-    """How the live run scored its signals (`SignalScores` arguments)."""
+    signals: dict[str, np.ndarray]
+    """Observed per-unit arrays ([steps, units]): qerr, oracle (when the run measured them)."""
+    alarmed: list[frozenset[str]] | None
+    """Per step, the unit-name prefixes under a firing monitor alarm (when recorded)."""
+    signal_settings: dict
+    """How the live run scored its signals (`GNMRRunConfig.signal_settings`)."""
 
 
 def read_trace(path: str) -> Trace:
@@ -84,7 +89,8 @@ def read_trace(path: str) -> Trace:
     if not file.is_file():
         raise UserError(f"trace {path}: no such file (it is gnmr_trace.jsonl in a run directory)")
     header, steps, norms, recovery = None, [], [], []
-    signals: dict[str, list] = {}
+    arrays: dict[str, list] = {}
+    alarmed: list[frozenset[str]] = []
     for number, line in enumerate(file.read_text().splitlines(), start=1):
         try:
             record = json.loads(line)
@@ -98,17 +104,22 @@ def read_trace(path: str) -> Trace:
         steps.append(record["step"])
         norms.append([_decode(v) for v in record["norms"]])
         recovery.append(tuple(record["recovery"]))
-        for name in ("qerr", "oracle", "monitor"):
+        for name in ("qerr", "oracle"):
             if name in record:
-                signals.setdefault(name, []).append([_decode(v) for v in record[name]])
+                arrays.setdefault(name, []).append([_decode(v) for v in record[name]])
+        if "alarmed" in record:
+            alarmed.append(frozenset(record["alarmed"]))
     if header is None:
         raise UserError(f"trace {path}: no header line (not a gnmr_trace.jsonl?)")
+    if header.get("format") != FORMAT:
+        raise UserError(f"trace {path}: format {header.get('format')}, this version reads "
+                        f"format {FORMAT}; record it again with this version")
     units = len(header["units"])
     return Trace(header["units"], header["config"], steps,
                  np.asarray(norms, dtype=np.float64).reshape(len(steps), units), recovery,
                  {name: np.asarray(rows, dtype=np.float64).reshape(-1, units)
-                  for name, rows in signals.items() if len(rows) == len(steps)},
-                 header.get("signal_settings", {"signals": "gnmr"}))
+                  for name, rows in arrays.items() if len(rows) == len(steps)},
+                 alarmed if len(alarmed) == len(steps) else None, header["signal_settings"])
 
 
 def iter_gaps(steps: list[int]) -> Iterator[int]:

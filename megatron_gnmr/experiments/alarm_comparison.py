@@ -42,7 +42,7 @@ GROUPS = {
 
 # The detectors compared: the three of `--monitor-detector`, and the trend model on a
 # linear step axis (what the log axis is chosen over).
-DETECTORS = {
+COMPARED = {
     "trend": {"detector": "trend"},
     "trend-linear": {"detector": "trend", "trend_axis": "linear"},
     "reference": {"detector": "reference"},
@@ -78,7 +78,7 @@ def compare(scenario: Scenario, out: Path, smoke: bool = False) -> dict:
                "fault_start": None if variant == healthy else
                fault_start(scenario.variants[variant]),
                "divergence": divergence_step(records), "alarms": {}}
-        for detector, settings in DETECTORS.items():
+        for detector, settings in COMPARED.items():
             references = {}
             if detector == "reference":
                 references = signals_by_key([runs[(healthy, s)] for s in seeds if s != seed])
@@ -103,7 +103,7 @@ def _is_false(row: dict, step: int | None) -> bool:
 def summarize(rows: list[dict]) -> dict:
     """Per detector and group: false alarms, detections before divergence, median lead."""
     summary = {}
-    for detector in DETECTORS:
+    for detector in COMPARED:
         for group in GROUPS:
             cells = [(row, row["alarms"][detector][group]) for row in rows
                      if group in row["alarms"][detector]]
@@ -144,12 +144,12 @@ def write_markdown(result: dict, out: Path) -> str:
     groups = [g for g in GROUPS if any(g in r["alarms"]["trend"] for r in result["rows"])]
     lines = [f"# Alarm detectors on {result['scenario']}", "",
              "First alarm step per run, signal group and detector ("
-             + " / ".join(DETECTORS) + "); in brackets the lead over divergence (+: alarm first), or `false` for an "
+             + " / ".join(COMPARED) + "); in brackets the lead over divergence (+: alarm first), or `false` for an "
              f"alarm in a healthy (`{result['healthy']}`) run or before a mid-run fault.", "",
              "| run | fault from | divergence | " + " | ".join(groups) + " |",
              "|---|---|---|" + "---|" * len(groups)]
     for row in result["rows"]:
-        cells = [" / ".join(_cell(row, row["alarms"][d][g]) for d in DETECTORS) for g in groups]
+        cells = [" / ".join(_cell(row, row["alarms"][d][g]) for d in COMPARED) for g in groups]
         start = "-" if row["fault_start"] is None else str(row["fault_start"])
         divergence = "-" if row["divergence"] is None else str(row["divergence"])
         lines.append(f"| {row['variant']} s{row['seed']} | {start} | {divergence} | "

@@ -35,11 +35,21 @@ def attention_layers(model_chunks) -> dict[int, torch.nn.Module]:
 
 
 class AttentionMonitor:
-    def __init__(self, model_chunks, with_d3: bool = False):
+    """Snapshots W_q/W_k `--monitor-delta` steps before each check, measures at the check."""
+
+    def __init__(self, model_chunks, config):
         self.layers = attention_layers(model_chunks)
-        self.with_d3 = with_d3
+        self.with_d3 = config.monitor_d3
+        self.interval, self.delta = config.monitor_interval, config.monitor_delta
         self.snapshots: dict[int, torch.Tensor] = {}
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        if (step + self.delta) % self.interval == 0:
+            self.snapshot()
 
     def _geometry(self, attention) -> tuple[int, int]:
         config = attention.config
@@ -56,7 +66,10 @@ class AttentionMonitor:
         return bool(self.snapshots) or not self.layers
 
     @torch.no_grad()
-    def measure(self) -> dict[int, dict[str, float]]:
+    def measure(self) -> dict[int, dict[str, float]] | None:
+        """Every layer's values at a check step (None before the first snapshot)."""
+        if not self.has_snapshot:
+            return None
         local = {layer: self._measure_layer(layer, attention)
                  for layer, attention in self.layers.items()}
         return gather_over_pipeline(local)

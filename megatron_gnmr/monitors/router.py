@@ -35,15 +35,19 @@ def router_layers(model_chunks) -> dict[int, torch.nn.Module]:
 
 
 class RouterMonitor:
-    def __init__(self, model_chunks):
+    """Arms itself before each check step's forward; measures after it. Its instrumentation
+    (a gating wrapper and a forward hook per router) is removed again by `detach`."""
+
+    def __init__(self, model_chunks, config):
+        self.interval = config.monitor_interval
         self.routers = router_layers(model_chunks)
         self.armed = False
         self.entropies: dict[int, list[torch.Tensor]] = {layer: [] for layer in self.routers}
         self.loads: dict[int, torch.Tensor] = {}
-        for layer, router in self.routers.items():
-            self._instrument(layer, router)
+        self.handles = [self._instrument(layer, router) for layer, router in
+                        self.routers.items()]
 
-    def _instrument(self, layer: int, router) -> None:
+    def _instrument(self, layer: int, router):
         original_gating = router.gating
 
         def gating(*args, **kwargs):
@@ -52,7 +56,7 @@ class RouterMonitor:
                 self.entropies[layer].append(routing_entropy(logits.detach()))
             return logits
 
-        router.gating = gating
+        router.gating = gating  # an instance attribute over the class's method
 
         def count_tokens(module, args, output):
             if self.armed and module.training:
@@ -60,10 +64,21 @@ class RouterMonitor:
                 load = routing_map.sum(dim=0).double()
                 self.loads[layer] = self.loads.get(layer, 0) + load
 
-        router.register_forward_hook(count_tokens)
+        return router.register_forward_hook(count_tokens)
 
-    def arm(self) -> None:
-        self.armed = True
+    def detach(self) -> None:
+        """Undo the instrumentation: the routers run exactly megatron's code again."""
+        for router, handle in zip(self.routers.values(), self.handles):
+            del router.gating
+            handle.remove()
+        self.handles = []
+
+    def before_step(self, step: int) -> None:
+        if step % self.interval == 0:
+            self.armed = True
+
+    def after_step(self, step: int) -> None:
+        pass
 
     @torch.no_grad()
     def measure(self) -> dict[int, dict[str, float]]:
@@ -91,3 +106,9 @@ class RouterMonitor:
             self.entropies[layer] = []
         self.loads = {}
         return gather_over_pipeline(local)
+
+    def state_dict(self) -> dict:
+        return {}  # a check's statistics are gathered within its step
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

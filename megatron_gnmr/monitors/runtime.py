@@ -10,21 +10,16 @@ never changed by them.
 
 from __future__ import annotations
 
-from megatron_gnmr.monitors.alarms import ALARM_SIGNALS, AlarmBook
+from megatron_gnmr.monitors.alarms import AlarmBook
 from megatron_gnmr.monitors.detectors.reference_runs import load_reference_signals
+from megatron_gnmr.monitors.families import FAMILIES, parse_families
 
 
 class MonitorSuite:
     def __init__(self, config, model_chunks):
-        from megatron_gnmr.monitors.attention import AttentionMonitor
-        from megatron_gnmr.monitors.router import RouterMonitor
-
         self.interval = config.monitor_interval
-        self.delta = config.monitor_delta
-        families = set(filter(None, config.monitors.split(",")))
-        self.attention = AttentionMonitor(model_chunks, config.monitor_d3) \
-            if "attention" in families else None
-        self.router = RouterMonitor(model_chunks) if "router" in families else None
+        self.monitors = {name: FAMILIES[name].monitor(model_chunks, config)
+                         for name in parse_families(config.monitors)}
         references = config.monitor_reference
         self.alarms = AlarmBook(
             detector="reference" if references else config.monitor_detector,
@@ -36,47 +31,44 @@ class MonitorSuite:
 
     def before_step(self, step: int) -> None:
         """`step` is the 1-based step about to run."""
-        if self.router is not None and step % self.interval == 0:
-            self.router.arm()
+        for monitor in self.monitors.values():
+            monitor.before_step(step)
 
     def after_step(self, step: int) -> tuple[dict, list[dict]]:
         """Metrics and alarm events of the step that just finished (empty off-check)."""
         metrics, events = {}, []
         if step % self.interval == 0:
-            measured = []
-            if self.attention is not None and self.attention.has_snapshot:
-                measured.append(("attention", self.attention.measure()))
-            if self.router is not None:
-                measured.append(("router", self.router.measure()))
-            for family, per_layer in measured:
-                for layer, values in per_layer.items():
+            for family, monitor in self.monitors.items():
+                alarm_signals = FAMILIES[family].alarm_signals
+                for layer, values in (monitor.measure() or {}).items():
                     for name, value in values.items():
                         metrics[f"monitor/{family}/layer{layer}/{name}"] = value
-                        if name in ALARM_SIGNALS[family]:
+                        if name in alarm_signals:
                             alarm = self.alarms.observe(step, family, layer, name, value)
                             if alarm is not None:
                                 events.append(alarm)
-        if self.attention is not None and (step + self.delta) % self.interval == 0:
-            self.attention.snapshot()
+        for monitor in self.monitors.values():
+            monitor.after_step(step)
         return metrics, events
 
-    def firing(self) -> set[tuple[str, int]]:
-        """(family, layer) of every layer alarm that is firing now (signal still outside)."""
+    def alarmed(self) -> frozenset[str]:
+        """The unit-name prefixes named by every layer alarm that is firing now (the signal
+        is still outside its band)."""
         out = set()
         for key, detector in self.alarms.signals.items():
             family, layer = key.split("/")[:2]
             if detector.rule.firing and layer.startswith("layer"):
-                out.add((family, int(layer.removeprefix("layer"))))
-        return out
+                out.add(FAMILIES[family].unit_prefix(int(layer.removeprefix("layer"))))
+        return frozenset(out)
 
     def state_dict(self) -> dict:
         return {"alarms": self.alarms.state_dict(),
-                "attention": self.attention.state_dict() if self.attention else None}
+                "monitors": {name: m.state_dict() for name, m in self.monitors.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.alarms.load_state_dict(state["alarms"])
-        if self.attention is not None and state.get("attention"):
-            self.attention.load_state_dict(state["attention"])
+        for name, monitor in self.monitors.items():
+            monitor.load_state_dict(state["monitors"][name])
 
 
 class NoMonitors:
@@ -88,8 +80,8 @@ class NoMonitors:
     def after_step(self, step: int) -> tuple[dict, list[dict]]:
         return {}, []
 
-    def firing(self) -> set[tuple[str, int]]:
-        return set()
+    def alarmed(self) -> frozenset[str]:
+        return frozenset()
 
     def state_dict(self) -> None:
         return None

@@ -21,6 +21,7 @@ unchanged.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from megatron_gnmr.precision.scaling import quantize
@@ -28,6 +29,19 @@ from megatron_gnmr.precision.scaling import quantize
 OPERANDS = ("input", "weight", "grad", "saved_input")
 ORACLE = len(OPERANDS)  # slot pair index of the weight-gradient error
 SLOTS = 2 * (len(OPERANDS) + 1)  # (err^2, ref^2) per operand, then for the oracle
+
+
+def relative_errors(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(qerr, oracle) per unit from the all-reduced [units, SLOTS] sums of squares: qerr is
+    the worst operand's relative error; NaN where nothing was measured."""
+    pairs = sums.reshape(sums.shape[0], SLOTS // 2, 2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = np.sqrt(pairs[:, :, 0] / pairs[:, :, 1])  # 0/0 -> NaN: not measured
+    operands = ratios[:, :ORACLE]
+    measured = ~np.isnan(operands)
+    qerr = np.where(measured.any(axis=1),
+                    np.nanmax(np.where(measured, operands, -np.inf), axis=1), np.nan)
+    return qerr, ratios[:, ORACLE]
 
 
 class ProbeBank:

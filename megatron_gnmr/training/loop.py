@@ -191,7 +191,7 @@ class Trainer:
         self.faults.corrupt_gradients(step + 1)
         loss = _reduce_loss(losses)
         outcome = self.controller.after_backward(step + 1, self.optimizer, loss,
-                                                 self.monitors.firing())
+                                                 self.monitors.alarmed())
         applied = outcome.apply and self.optimizer.step_with_ready_grads()
         if applied:  # as megatron: a skipped update does not advance the LR schedule
             self.scheduler.step(increment=1)
@@ -318,7 +318,7 @@ class Trainer:
             (Path(self.run_dir) / "config.json").write_text(
                 json.dumps(self.config.to_dict(), indent=2))
         references = self.config.monitor.monitor_reference
-        if isinstance(self.monitors, MonitorSuite) and references:
+        if self.config.monitor.monitors and references:
             for line in config_mismatches(references, self.config.to_dict()):
                 self.logger.event(self.state.step, "warning", {"reference_mismatch": line})
 

@@ -22,7 +22,7 @@ class PlainStep:
     unit_names: list[str] = []
     policy = None
 
-    def after_backward(self, step: int, optimizer, loss: float, firing) -> StepOutcome:
+    def after_backward(self, step: int, optimizer, loss: float, alarmed) -> StepOutcome:
         """megatron's `step()` up to the update (`MegatronOptimizer.step` and
         `ChainedOptimizer.step` alike): prepare, one norm, clip every part by it."""
         found_inf = optimizer.prepare_grads()

@@ -72,7 +72,7 @@ def main(argv):
 
     for name in COLLECTIVES:
         setattr(torch.distributed, name, counting(name))
-    outcome = trainer.controller.after_backward(1, trainer.optimizer, loss=1.0, firing=set())
+    outcome = trainer.controller.after_backward(1, trainer.optimizer, loss=1.0, alarmed=frozenset())
     applied = outcome.apply and trainer.optimizer.step_with_ready_grads()
     for name, original in originals.items():
         setattr(torch.distributed, name, original)

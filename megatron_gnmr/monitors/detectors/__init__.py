@@ -8,13 +8,15 @@
 
 All share the alarm rule (`Streak`: `--monitor-patience` consecutive samples outside) and
 the band width in noise units (`--monitor-band`). Every detector has `update(step, value)`
-returning the alarm's `expected`/`band` or None, and a `state_dict` for checkpoints.
+returning the alarm's `expected`/`band` or None, a `state_dict` of counters (its settings come
+from the run's flags, also on resume), a `kind` and a `for_signal(key, book, **shared)`
+constructor. Adding a detector is one file and one entry in `DETECTORS`.
 """
 
 from megatron_gnmr.monitors.detectors.online import OnlineBand
 from megatron_gnmr.monitors.detectors.reference import ReferenceBand, ReferenceProfile
 from megatron_gnmr.monitors.detectors.trend import TrendModel
 
-DETECTORS = ("trend", "reference", "online")
+DETECTORS = {detector.kind: detector for detector in (TrendModel, ReferenceBand, OnlineBand)}
 
 __all__ = ["DETECTORS", "OnlineBand", "ReferenceBand", "ReferenceProfile", "TrendModel"]

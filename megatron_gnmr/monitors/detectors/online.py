@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from megatron_gnmr.monitors.detectors.streak import Streak, beyond
 
 
 @dataclass
 class OnlineBand:
+    kind: ClassVar[str] = "online"
     skip: int = 2
     baseline_samples: int = 16
     band: float = 4.0
@@ -68,13 +70,14 @@ class OnlineBand:
         return None
 
     def state_dict(self) -> dict:
-        state = {k: v for k, v in vars(self).items() if k != "rule"}
-        state["rule"] = self.rule.state_dict()
-        return state
+        """Counters only: the band, patience and baseline length are settings."""
+        return {"seen": self.seen, "total": self.total, "total_sq": self.total_sq,
+                "rule": self.rule.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            if key == "rule":
-                self.rule.load_state_dict(value)
-            else:
-                setattr(self, key, value)
+        self.seen, self.total, self.total_sq = state["seen"], state["total"], state["total_sq"]
+        self.rule.load_state_dict(state["rule"])
+
+    @classmethod
+    def for_signal(cls, key: str, book, **shared) -> "OnlineBand":
+        return cls(baseline_samples=book.baseline_samples, **shared)

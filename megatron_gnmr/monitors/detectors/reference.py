@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -77,6 +78,7 @@ class ReferenceProfile:
 
 @dataclass
 class ReferenceBand:
+    kind: ClassVar[str] = "reference"
     profile: ReferenceProfile
     skip: int = 2
     smooth: int = 4
@@ -116,3 +118,7 @@ class ReferenceBand:
         self.seen = state["seen"]
         self.recent = deque(state["recent"], maxlen=self.smooth)
         self.rule.load_state_dict(state["rule"])
+
+    @classmethod
+    def for_signal(cls, key: str, book, **shared) -> "ReferenceBand":
+        return cls(book.reference_profile(key), smooth=book.reference_smooth, **shared)

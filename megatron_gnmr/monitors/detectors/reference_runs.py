@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.monitors.alarms import ALARM_SIGNALS
+from megatron_gnmr.monitors.families import FAMILIES
 from megatron_gnmr.jsonl import read_jsonl
 
 LOSS_KEY = "loss/train_loss"
@@ -54,7 +54,7 @@ def monitor_series(records: list[dict]) -> list[tuple[int, str, int | None, str,
             if not key.startswith("monitor/"):
                 continue
             family, layer, name = key.split("/")[1:]
-            if name in ALARM_SIGNALS.get(family, ()):
+            if family in FAMILIES and name in FAMILIES[family].alarm_signals:
                 number = value if isinstance(value, (int, float)) else math.nan
                 out.append((record["step"], family, int(layer.removeprefix("layer")), name,
                             float(number)))

@@ -40,7 +40,9 @@ class Streak:
         return False
 
     def state_dict(self) -> dict:
-        return vars(self).copy()
+        """Counters only: `patience` is a setting, taken from the resumed run's flags."""
+        return {"streak": self.streak, "firing": self.firing, "alarms": self.alarms}
 
     def load_state_dict(self, state: dict) -> None:
-        vars(self).update(state)
+        self.streak, self.firing, self.alarms = (state["streak"], state["firing"],
+                                                 state["alarms"])

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -65,6 +66,7 @@ def extrapolation_inflation(x: np.ndarray, x0: float) -> float:
 
 @dataclass
 class TrendModel:
+    kind: ClassVar[str] = "trend"
     skip: int = 2
     window: int = 16
     horizon: int = 12
@@ -126,3 +128,8 @@ class TrendModel:
         self.seen = state["seen"]
         self.history = deque(map(tuple, state["history"]), maxlen=self.window + self.horizon)
         self.rule.load_state_dict(state["rule"])
+
+    @classmethod
+    def for_signal(cls, key: str, book, **shared) -> "TrendModel":
+        return cls(window=book.trend_window, horizon=book.trend_horizon, axis=book.trend_axis,
+                   **shared)

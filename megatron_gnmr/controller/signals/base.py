@@ -1,0 +1,54 @@
+"""What every risk signal is: per-unit scores from one step's observations.
+
+A signal turns `Observations` (all-reduced, identical on every rank) into one score per unit,
+> 1 meaning "risky". It says which observations it needs (`observes`), so the controller asks
+the precision probes only for what some signal reads, and the trace records exactly what
+replay needs to score the signal again offline. Its settings arrive as the run's signal
+settings (a plain dict, also recorded in the trace header); anything it must remember
+between steps goes in `state_dict` (checkpointed, covered by the agreement digest).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+# Observations that the precision probes measure (they cost side computation and ride in the
+# statistics all-reduce); the rest are free.
+PROBED = ("qerr", "oracle")
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What one step offers the signals."""
+
+    qerr: np.ndarray | None = None
+    """[units] the low-cost path's worst relative quantization error (precision/probes.py)."""
+    oracle: np.ndarray | None = None
+    """[units] the true relative error of the low path's weight gradient (experiments)."""
+    alarmed: frozenset[str] = frozenset()
+    """Unit-name prefixes under a monitor alarm firing now (`layers.3.self_attention.`):
+    each monitor family says which units its alarm names (monitors/families.py)."""
+
+
+class RiskSignal(ABC):
+    """Base class: implement `scores`; `observes` names the Observations fields it reads."""
+
+    name = ""
+    observes: tuple[str, ...] = ()
+
+    def __init__(self, unit_names: list[str], settings: dict):
+        self.unit_names = unit_names
+        self.settings = settings
+
+    @abstractmethod
+    def scores(self, observations: Observations) -> np.ndarray:
+        """One score per unit for this step; > 1 means risky (NaN: no opinion)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

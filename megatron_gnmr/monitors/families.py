@@ -1,0 +1,67 @@
+"""The mechanism monitor families (SPEC 7): the registry.
+
+A family is a monitor class (built from the model chunks and the monitor config, with
+`before_step`, `measure`, `after_step` and a `state_dict`), the signals of it that raise alarms
+with the side on which each fails, and the units an alarm of layer l names (for the
+controller's `monitor` risk signal). Adding a family is one file (its monitor) and one entry
+here; `--monitors` accepts every name below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Family:
+    monitor: Callable  # (model_chunks, MonitorConfig) -> monitor
+    alarm_signals: dict[str, int]
+    """Signals that raise alarms -> the side they fail on: -1 falling, +1 rising."""
+    unit_prefix: Callable[[int], str]
+    """The units a firing alarm of layer l names, as a unit-name prefix."""
+    needs_experts: bool = False
+
+
+def _attention(model_chunks, config):
+    from megatron_gnmr.monitors.attention import AttentionMonitor
+
+    return AttentionMonitor(model_chunks, config)
+
+
+def _router(model_chunks, config):
+    from megatron_gnmr.monitors.router import RouterMonitor
+
+    return RouterMonitor(model_chunks, config)
+
+
+FAMILIES = {
+    # Update spectra collapse: their entropies fall (SPEC 7.1).
+    "attention": Family(_attention, {"H_D2_mean": -1, "H_dWq": -1, "H_dWk": -1},
+                        lambda layer: f"layers.{layer}.self_attention."),
+    # Routing collapses: entropy falls, router rows align, load concentrates (SPEC 7.2).
+    "router": Family(_router, {"entropy_mean": -1, "weight_similarity": +1,
+                               "load_max_over_mean": +1},
+                     lambda layer: f"layers.{layer}.mlp.", needs_experts=True),
+}
+
+
+def parse_families(text: str) -> list[str]:
+    """`--monitors a,b` -> the families in registry order (the order they measure in)."""
+    names = set(filter(None, text.split(",")))
+    unknown = names - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown monitor(s) {', '.join(sorted(unknown))}; use "
+                         f"{', '.join(FAMILIES)}")
+    return [name for name in FAMILIES if name in names]
+
+
+def failure_direction(signal: str) -> int:
+    """The side on which a monitored signal fails (0: either), across every family; the
+    training loss (used by the reference band in the alarm comparisons) fails rising."""
+    if signal == "train_loss":
+        return +1
+    for family in FAMILIES.values():
+        if signal in family.alarm_signals:
+            return family.alarm_signals[signal]
+    return 0
