@@ -5,6 +5,8 @@ trace, and the qerr probe sums are the same with the batch split over 2 data-par
 import numpy as np
 
 from megatron_gnmr.controller.config import GNMRConfig
+from megatron_gnmr.controller.signals import Observations
+from megatron_gnmr.controller.signals.monitor import MonitorSignal
 from megatron_gnmr.controller.replay import replay
 from megatron_gnmr.controller.trace import read_trace
 from tests.helpers import TINY, read_jsonl, run_pretrain, trace_records
@@ -62,7 +64,10 @@ def test_monitor_alarms_make_their_layer_risky(tmp_path):
     row = trace.steps.index(first["step"] + 1)
     layer_units = [i for i, name in enumerate(trace.units)
                    if name.startswith(f"layers.{first['layer']}.self_attention.")]
-    assert all(trace.signals["monitor"][row][u] == 2.0 for u in layer_units)
+    assert f"layers.{first['layer']}.self_attention." in trace.alarmed[row]
+    scores = MonitorSignal(trace.units, trace.signal_settings).scores(
+        Observations(alarmed=trace.alarmed[row]))
+    assert all(scores[u] == 2.0 for u in layer_units)
     assert set(layer_units) <= set(trace.recovery[row])
     mlp_units = [i for i, name in enumerate(trace.units) if ".mlp." in name]
-    assert all(trace.signals["monitor"][row][u] == 0.0 for u in mlp_units)
+    assert all(scores[u] == 0.0 for u in mlp_units)
