@@ -10,17 +10,17 @@
 #   replace them; the project and megatron-core are installed on top.
 # Knobs: PYTHON (interpreter), VENV (directory), EXTRAS (default dev), and for a second
 # environment on another megatron-core release (scripts/test_newest_megatron.sh):
-# MEGATRON_GNMR_MEGATRON_CORE (the requirement, read by setup.py) and PIP_EXTRA (more pip
-# arguments and requirements).
+# PRE_INSTALL (pip arguments installed before the project) and MEGATRON_GNMR_MEGATRON_CORE
+# (the project's megatron-core requirement, read by setup.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-dev}
-PIP_EXTRA=${PIP_EXTRA:-}
+PRE_INSTALL=${PRE_INSTALL:-}
 
 stamp="$VENV/.megatron-gnmr-installed"
-want="$(cat setup.py | sha1sum | cut -c1-12)-$EXTRAS-${MEGATRON_GNMR_MEGATRON_CORE:-}-$PIP_EXTRA"
+want="$(cat setup.py | sha1sum | cut -c1-12)-$EXTRAS-${MEGATRON_GNMR_MEGATRON_CORE:-}-$PRE_INSTALL"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "setup: $VENV is up to date"
   exit 0
@@ -60,9 +60,13 @@ if [ -z "$constraints" ] && ! gpu_machine; then
   echo "setup: no CUDA device, installing the CPU torch wheel (torch==2.13.0)"
   $PIP install --quiet "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
 fi
+if [ -n "$PRE_INSTALL" ]; then
+  echo "setup: first: pip install $PRE_INSTALL"
+  # shellcheck disable=SC2086  # a list of pip arguments
+  $PIP install --quiet $PRE_INSTALL 2>&1 | grep -v "^WARNING: Location" || true
+fi
 echo "setup: installing megatron-gnmr[$EXTRAS] (megatron-core, sentencepiece, ...)"
-# shellcheck disable=SC2086  # PIP_EXTRA is a list of arguments
-$PIP install --quiet ${constraints:+-c "$constraints"} -e ".[$EXTRAS]" $PIP_EXTRA 2>&1 \
+$PIP install --quiet ${constraints:+-c "$constraints"} -e ".[$EXTRAS]" 2>&1 \
   | grep -v "^WARNING: Location" || true
 $VENV/bin/python -c "import torch, megatron.core, megatron_gnmr" \
   || { echo "setup: the install is broken (see the messages above)" >&2; exit 1; }

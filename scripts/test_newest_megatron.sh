@@ -9,8 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NEWEST=${NEWEST:-0.19.2}
-export MEGATRON_GNMR_MEGATRON_CORE="megatron-core==$NEWEST"
-PIP_EXTRA="--ignore-requires-python numpy==2.4.6 triton" VENV=.venv-newest \
+# megatron-core first, alone (--ignore-requires-python must not reach any other package: it
+# would pick releases that need 3.12); then the project, whose requirement it satisfies.
+PRE_INSTALL="--ignore-requires-python --no-deps megatron-core==$NEWEST numpy==2.4.6 triton" \
+  MEGATRON_GNMR_MEGATRON_CORE="megatron-core==$NEWEST" VENV=.venv-newest \
   bash scripts/setup_env.sh
 .venv-newest/bin/python -W ignore -c "import sys, torch, megatron.core as m, numpy; print(
     f'newest megatron: python {sys.version.split()[0]}, torch {torch.__version__}, '
