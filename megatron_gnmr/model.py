@@ -22,7 +22,8 @@ from megatron_gnmr.config import RunConfig
 from megatron_gnmr.platform import megatron_compat
 from megatron_gnmr.platform.device import has_accelerator, run_device
 from megatron_gnmr.precision.linear import emulated_layer_spec
-from megatron_gnmr.precision.recipes import build_recipe
+from megatron_gnmr.precision.backends import backend as precision_backend
+from megatron_gnmr.precision.backends import build_recipe
 
 
 def transformer_config(config: RunConfig) -> TransformerConfig:
@@ -61,7 +62,7 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
         persist_layer_norm=False,
         sequence_parallel=False,
         **_moe_fields(config),
-        **_fp8_fields(config),
+        **precision_backend(config.precision).megatron_fields(config.precision),
     )
 
 
@@ -81,27 +82,17 @@ def _moe_fields(config: RunConfig) -> dict:
     }
 
 
-def _fp8_fields(config: RunConfig) -> dict:
-    """Megatron's own FP8 settings, for the TE recipe only (emulated recipes need none)."""
-    precision = config.precision
-    if precision.precision_recipe != "te-fp8":
-        return {}
-    # Our --fp8-format / --fp8-recipe values are megatron's own.
-    return {"fp8": precision.fp8_format, "fp8_recipe": precision.fp8_recipe}
-
-
 def layer_spec(config: RunConfig):
-    if config.precision.precision_recipe == "te-fp8":
-        from megatron_gnmr.precision.te_backend import switchable_layer_spec
-
-        return switchable_layer_spec(megatron_compat.te_layer_spec(config.model.num_experts))
+    backend = precision_backend(config.precision)
+    if backend.layer_spec is not None:
+        return backend.layer_spec(config.model.num_experts)
     spec = megatron_compat.local_layer_spec(config.model.num_experts)
     if config.training.emulated_attention or config.training.attention_fault_bits:
         from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
 
         spec = copy.deepcopy(spec)
         megatron_compat.attention_submodules(spec).core_attention = EmulatedFlashAttention
-    if build_recipe(config.precision) is not None:
+    if backend.recipe is not None:
         spec = emulated_layer_spec(spec)
     return spec
 
@@ -157,10 +148,10 @@ def bind_precision(unit_modules: dict[str, torch.nn.Module], config: RunConfig, 
     measures its low path, with `probes`)."""
     from megatron_gnmr.precision.plan import PrecisionRuntime
 
-    recipe = build_recipe(config.precision)
-    if recipe is None and config.precision.precision_recipe != "te-fp8":
-        return
-    runtime = PrecisionRuntime(recipe, plan, probes)
+    backend = precision_backend(config.precision)
+    if backend.recipe is None and backend.layer_spec is None:
+        return  # megatron's own linears: nothing switches
+    runtime = PrecisionRuntime(build_recipe(config.precision), plan, probes)
     for name, module in unit_modules.items():
         module.unit_name = name
         module.precision_runtime = runtime

@@ -97,7 +97,7 @@ def parse_split(split: str) -> list[float]:
 
 
 def validate_precision(config: RunConfig) -> None:
-    from megatron_gnmr.precision.recipes import build_recipe
+    from megatron_gnmr.precision.backends import backend, build_recipe
 
     precision = config.precision
     if precision.precision_static not in ("low", "recovery"):
@@ -106,25 +106,8 @@ def validate_precision(config: RunConfig) -> None:
     if precision.act_quant_granularity not in ("tensor", "row", "tile"):
         raise UserError("--act-quant-granularity must be tensor, row or tile")
     build_recipe(precision)  # raises a UserError naming the flag
-    if precision.precision_recipe == "te-fp8":
-        from megatron_gnmr.precision.te_backend import validate_te_fp8
-
-        validate_te_fp8(config)
-    if precision.precision_recipe == "fp8-torchao":
-        validate_torchao(config)
-
-
-def validate_torchao(config: RunConfig) -> None:
-    """fp8-torchao: torchao installed at a version read, and `torch._scaled_mm`'s shapes."""
-    from megatron_gnmr.precision.gemm_shapes import shape_problems, unit_gemms
-    from megatron_gnmr.precision.torchao_compat import require_torchao
-
-    require_torchao()
-    problems = shape_problems(unit_gemms(config), 16, 16, 16)
-    if problems:
-        raise UserError("--precision-recipe fp8-torchao: torch._scaled_mm needs every GEMM "
-                        f"dimension to be a multiple of 16; {problems[0]}"
-                        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    if backend(precision).validate is not None:
+        backend(precision).validate(config)
 
 
 def validate_logging(config: RunConfig) -> None:
@@ -180,10 +163,12 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
                         "which megatron-core cannot run without apex/TE; use TP 1")
     if (world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)) % ep:
         raise UserError(f"--expert-model-parallel-size {ep} must divide the data-parallel size")
-    if config.precision.precision_recipe not in ("none", "te-fp8"):
+    from megatron_gnmr.precision.backends import BACKENDS, backend
+
+    if not backend(config.precision).experts:
+        able = ", ".join(name for name, b in BACKENDS.items() if b.experts)
         raise UserError(f"--precision-recipe {config.precision.precision_recipe} with "
-                        "--num-experts is not supported yet (te-fp8 is); the MoE model runs in "
-                        "the run's precision")
+                        f"--num-experts is not supported yet ({able} are)")
 
 
 def validate_controller(config: RunConfig) -> None:
@@ -210,11 +195,13 @@ def validate_controller(config: RunConfig) -> None:
 
     eligible_unit_names(m.num_layers, gnmr.units, m.num_experts)  # raises if it matches none
     probed = gnmr.probed()
-    recipe = config.precision.precision_recipe
-    if probed and recipe in ("none", "te-fp8"):
+    from megatron_gnmr.precision.backends import BACKENDS, backend
+
+    if probed and not backend(config.precision).probes:
+        able = ", ".join(name for name, b in BACKENDS.items() if b.probes)
         raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} measure the "
-                        "low-cost path where it quantizes; use --precision-recipe act-quant, "
-                        f"fp8-emulated, deepseek or fp8-torchao (not {recipe})")
+                        f"low-cost path where it quantizes; use --precision-recipe {able} (not "
+                        f"{config.precision.precision_recipe})")
     if probed and config.parallel.expert_model_parallel_size > 1:
         raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} are not supported "
                         "with --expert-model-parallel-size > 1 yet")

@@ -1,7 +1,10 @@
-"""Run the real entry points as subprocesses (the way users launch them) and read results."""
+"""Run the real entry point (in this process for one rank, as a user launches it for several,
+or when asked) and read its results."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -24,8 +27,13 @@ TINY = [
 
 
 def run_pretrain(args: list[str], nproc: int = 1, check: bool = True, timeout: int = 300,
-                 extra_env: dict | None = None,
-                 torchrun_args: list[str] = ()) -> subprocess.CompletedProcess:
+                 extra_env: dict | None = None, torchrun_args: list[str] = (),
+                 new_process: bool = False) -> subprocess.CompletedProcess:
+    """Run the entry point: in this process when it is one rank with nothing special about
+    its environment (seconds saved on every run: no interpreter start, no megatron import),
+    else (or with `new_process`) as the user launches it, with torchrun for several ranks."""
+    if nproc == 1 and not torchrun_args and not extra_env and not new_process:
+        return _in_this_process(args, check)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(extra_env or {}))
     script = str(REPO / "pretrain_llama.py")
     if nproc == 1 and not torchrun_args:
@@ -41,6 +49,18 @@ def run_pretrain(args: list[str], nproc: int = 1, check: bool = True, timeout: i
     return result
 
 
+def _in_this_process(args: list[str], check: bool) -> subprocess.CompletedProcess:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = pretrain_in_process(args)
+    result = subprocess.CompletedProcess(["pretrain_llama.py", *args], code, out.getvalue(),
+                                         err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"pretrain_llama.py {' '.join(args)} failed ({code}):\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -52,3 +72,40 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 def trace_records(run_dir: Path) -> list[dict]:
     return [r for r in read_jsonl(run_dir / "gnmr_trace.jsonl") if r.get("type") != "header"]
+
+
+def run_batch(runs: list[list[str]], nproc: int = 1, timeout: int = 600) -> None:
+    """Train several configs in one launch (tests/distributed/batch_runner.py)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+        json.dump(runs, file)
+    script = str(REPO / "tests" / "distributed" / "batch_runner.py")
+    command = [PYTHON, script, file.name] if nproc == 1 else \
+        [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, file.name]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=timeout)
+    os.unlink(file.name)
+    if result.returncode != 0:
+        raise AssertionError(f"batch of {len(runs)} runs failed ({result.returncode}):\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+
+
+def pretrain_in_process(args: list[str]) -> int:
+    """The entry point in this process (a world of one): its exit status. Everything it
+    leaves initialised (process group, megatron's parallel state) is torn down, so the next
+    call starts clean. Read its output with pytest's `capfd`."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from pretrain_llama import main
+
+    from megatron_gnmr.training import distributed
+
+    try:
+        main(args)
+        return 0
+    except SystemExit as exit:
+        return exit.code
+    finally:
+        distributed.shutdown()

@@ -16,7 +16,7 @@ import pytest
 from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.validation import validate
-from tests.helpers import REPO, TINY, run_pretrain
+from tests.helpers import REPO, TINY, pretrain_in_process, run_pretrain
 
 DATA = REPO / ".cache" / "megatron_gnmr" / "shakespeare-v4096"
 NO_SAVE = "<no --save>"
@@ -200,9 +200,9 @@ IN_PROCESS = {
     "reused_save_directory": (["--save", "{root}/run"], "--resume auto"),
 }
 
-# Through the entry point: mistakes that show against a checkpoint or a launch, and a few of
-# the table above to prove the real command prints them the same way.
-END_TO_END = {
+# Through the entry point (in this process): mistakes that show against a checkpoint or a
+# launch.
+THROUGH_THE_ENTRY_POINT = {
     "truncated_checkpoint": (["--load", "{root}/truncated"], "truncated"),
     "checkpoint_other_shape": (["--load", "{root}/run", "--hidden-size", "128"],
                                "--hidden-size"),
@@ -219,10 +219,14 @@ END_TO_END = {
     "resume_in_bf16": (["--load", "{root}/run", "--gnmr", "--monitors", "attention",
                         "--monitor-interval", "1", "--monitor-delta", "1", "--bf16"], "--bf16"),
     "resume_without_controller": (["--load", "{root}/run"], "--gnmr"),
+}
+# As a user launches it (a new process): a few of the above, to prove the real command prints
+# them the same way.
+END_TO_END = {
+    "e2e_truncated_checkpoint": (["--load", "{root}/truncated"], "truncated"),
     "e2e_nan_lr": (["--lr", "nan"], "--lr"),
     "e2e_bad_regex": (["--gnmr", "--gnmr-units", "("], "--gnmr-units"),
     "e2e_unknown_yaml_key": (["--config", "{root}/unknown_key.yaml"], "model.num_layer"),
-    "e2e_reused_save": (["--save", "{root}/run"], "--resume auto"),
 }
 
 
@@ -253,7 +257,17 @@ def test_bad_input_is_refused_before_anything_is_built(files, tmp_path, name):
 
 
 def test_the_table_is_large_and_covers_every_class():
-    assert len(IN_PROCESS) + len(END_TO_END) >= 60
+    assert len(IN_PROCESS) + len(THROUGH_THE_ENTRY_POINT) + len(END_TO_END) >= 60
+
+
+@pytest.mark.parametrize("name", sorted(THROUGH_THE_ENTRY_POINT))
+def test_bad_input_through_the_entry_point(files, tmp_path, capfd, name):
+    args, needle = THROUGH_THE_ENTRY_POINT[name]
+    save = tmp_path / "save"
+    code = pretrain_in_process(_arguments(args, files, save))
+    errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and needle in errors[0], errors
+    assert _untouched(save, files), f"{name} wrote into --save"
 
 
 @pytest.mark.parametrize("name", sorted(END_TO_END))
@@ -261,7 +275,8 @@ def test_bad_input_exits_2_with_one_line(files, tmp_path, name):
     args, needle = END_TO_END[name]
     save = tmp_path / "save"
     start = time.perf_counter()
-    result = run_pretrain(_arguments(args, files, save), check=False, timeout=120)
+    result = run_pretrain(_arguments(args, files, save), check=False, timeout=120,
+                          new_process=True)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(errors) == 1 and needle in errors[0], result.stderr[-2000:]

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from megatron_gnmr.errors import UserError
-from tests.helpers import REPO, TINY, read_jsonl, run_pretrain, train_losses
+from tests.helpers import (
+    REPO,
+    TINY,
+    pretrain_in_process,
+    read_jsonl,
+    run_pretrain,
+    train_losses,
+)
 
 FAST = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "1"]
 
@@ -25,29 +32,31 @@ def latest(run: Path) -> str:
     return (run / "checkpoints" / "latest").read_text()
 
 
-def test_a_reused_save_directory_keeps_every_checkpoint(tmp_path):
+def test_a_reused_save_directory_keeps_every_checkpoint(tmp_path, capfd):
     """A 12-step run saves 6 and 12; a shorter run into the same directory is refused unless
     it says what it wants, and one that loads step 6 and saves step 9 prunes nothing newer
-    and leaves `latest` naming a checkpoint that exists."""
+    and leaves `latest` naming a checkpoint that exists. `--overwrite` starts over."""
     run = tmp_path / "run"
-    run_pretrain([*FAST, "--train-iters", "12", "--save-interval", "6", "--save", str(run)])
+    assert pretrain_in_process([*FAST, "--train-iters", "12", "--save-interval", "6",
+                                "--save", str(run)]) == 0
     assert checkpoints(run) == ["iter_0000006", "iter_0000012"]
-    refused = run_pretrain([*FAST, "--train-iters", "5", "--save", str(run)], check=False)
-    assert refused.returncode == 2 and "--resume auto" in refused.stderr
+    capfd.readouterr()
+    assert pretrain_in_process([*FAST, "--train-iters", "5", "--save", str(run)]) == 2
+    assert "--resume auto" in capfd.readouterr().err
     assert checkpoints(run) == ["iter_0000006", "iter_0000012"] and latest(run) == "iter_0000012"
-    run_pretrain([*FAST, "--train-iters", "12", "--exit-interval", "9", "--keep-last", "2",
-                  "--load", str(run / "checkpoints" / "iter_0000006"), "--save", str(run)])
+    assert pretrain_in_process([*FAST, "--train-iters", "12", "--exit-interval", "9",
+                                "--keep-last", "2", "--load",
+                                str(run / "checkpoints" / "iter_0000006"), "--save",
+                                str(run)]) == 0
     assert checkpoints(run) == ["iter_0000006", "iter_0000009", "iter_0000012"]
     assert latest(run) == "iter_0000009"
-    resumed = run_pretrain([*FAST, "--train-iters", "12", "--resume", "auto", "--save",
-                            str(run)])
-    assert "resumed" in resumed.stdout and "iter_0000009" in resumed.stdout
-
-
-def test_overwrite_starts_over(tmp_path):
-    run = tmp_path / "run"
-    run_pretrain([*FAST, "--train-iters", "4", "--save", str(run)])
-    run_pretrain([*FAST, "--train-iters", "2", "--overwrite", "--save", str(run)])
+    capfd.readouterr()
+    assert pretrain_in_process([*FAST, "--train-iters", "12", "--resume", "auto", "--save",
+                                str(run)]) == 0
+    out = capfd.readouterr().out
+    assert "[resumed]" in out and "iter_0000009" in out
+    assert pretrain_in_process([*FAST, "--train-iters", "2", "--overwrite", "--save",
+                                str(run)]) == 0
     assert checkpoints(run) == ["iter_0000002"]
     assert max(train_losses(run)) == 2 and len(train_losses(run)) == 2
 
@@ -60,11 +69,12 @@ class CreatesAFileWhenUnpickled:
         return (Path.touch, (Path(self.path),))
 
 
-def test_a_crafted_checkpoint_runs_no_code(tmp_path):
+def test_a_crafted_checkpoint_runs_no_code(tmp_path, capfd):
     """A shard whose pickle would create a file, with a meta.json that vouches for its size
     and hash: loading it is refused and creates nothing."""
     run = tmp_path / "run"
-    run_pretrain([*FAST, "--train-iters", "4", "--exit-interval", "2", "--save", str(run)])
+    assert pretrain_in_process([*FAST, "--train-iters", "4", "--exit-interval", "2",
+                                "--save", str(run)]) == 0
     directory = run / "checkpoints" / "iter_0000002"
     marker = tmp_path / "pwned"
     shard = directory / "rank_00000.pt"
@@ -74,29 +84,33 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
     meta["shards"]["rank_00000.pt"] = {"size": len(data),
                                        "sha256": hashlib.sha256(data).hexdigest()}
     (directory / "meta.json").write_text(json.dumps(meta))
-    result = run_pretrain([*FAST, "--train-iters", "4", "--resume", "auto", "--save", str(run)],
-                          check=False)
-    assert result.returncode == 2 and "cannot be read as a checkpoint" in result.stderr
+    capfd.readouterr()
+    assert pretrain_in_process([*FAST, "--train-iters", "4", "--resume", "auto", "--save",
+                                str(run)]) == 2
+    assert "cannot be read as a checkpoint" in capfd.readouterr().err
     assert not marker.exists()
     torch.load(shard, weights_only=False)  # proof the payload was real
     assert marker.exists()
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path):
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, capfd):
     run = tmp_path / "run"
-    run_pretrain([*FAST, "--train-iters", "6", "--exit-interval", "4", "--save-interval", "2",
-                  "--keep-last", "3", "--save", str(run)])
+    assert pretrain_in_process([*FAST, "--train-iters", "6", "--exit-interval", "4",
+                                "--save-interval", "2", "--keep-last", "3",
+                                "--save", str(run)]) == 0
     newest = run / "checkpoints" / "iter_0000004" / "rank_00000.pt"
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, one bit flipped: only the hash can tell
     newest.write_bytes(bytes(data))
-    result = run_pretrain([*FAST, "--train-iters", "6", "--save-interval", "2",
-                           "--keep-last", "3", "--resume", "auto", "--save", str(run)])
+    capfd.readouterr()
+    assert pretrain_in_process([*FAST, "--train-iters", "6", "--save-interval", "2",
+                                "--keep-last", "3", "--resume", "auto", "--save",
+                                str(run)]) == 0
     warnings = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "warning"]
     assert len(warnings) == 1 and "iter_0000004" in warnings[0]["checkpoint"]
     assert "sha256" in warnings[0]["checkpoint"]
     resumed = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "resumed"]
-    assert resumed[-1]["path"].endswith("iter_0000002") and "[warning]" in result.stdout
+    assert resumed[-1]["path"].endswith("iter_0000002") and "[warning]" in capfd.readouterr().out
 
 
 def test_latest_outside_the_run_is_ignored_and_pruning_parses_steps(tmp_path):
@@ -153,8 +167,9 @@ def test_the_index_cache_is_private_and_holds_no_pickles(tmp_path):
 def test_megatron_indices_live_in_the_private_cache_not_beside_the_data(tmp_path):
     data = REPO / ".cache" / "megatron_gnmr" / "shakespeare-v4096"
     before = sorted((p, p.stat().st_mtime_ns) for p in data.rglob("*"))
-    run_pretrain([*FAST, "--train-iters", "2", "--data-path", str(data / "text_document"),
-                  "--data-cache-dir", str(tmp_path / "cache"), "--save", str(tmp_path / "r")])
+    assert pretrain_in_process([*FAST, "--train-iters", "2", "--data-path",
+                                str(data / "text_document"), "--data-cache-dir",
+                                str(tmp_path / "cache"), "--save", str(tmp_path / "r")]) == 0
     assert list((tmp_path / "cache" / "index-cache").glob("*.npy"))
     assert sorted((p, p.stat().st_mtime_ns) for p in data.rglob("*")) == before
 

@@ -72,10 +72,14 @@ class JsonlLogger:
 class ConsoleLogger:
     """One line per logged step: step/total, loss, lr, grad norm, tokens/s, step time, ETA."""
 
-    def __init__(self, total_steps: int, stream=sys.stdout, prefix: str = ""):
+    def __init__(self, total_steps: int, stream=None, prefix: str = ""):
         self.total_steps = total_steps
-        self.stream = stream
+        self._stream = stream  # None: whatever sys.stdout is when a line is printed
         self.prefix = prefix
+
+    @property
+    def stream(self):
+        return self._stream or sys.stdout
 
     def image(self, step: int, key: str, figure) -> None:
         pass

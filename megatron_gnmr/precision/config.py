@@ -8,7 +8,8 @@ from dataclasses import dataclass
 @dataclass
 class PrecisionConfig:
     precision_recipe: str = "none"
-    """none | fp8-emulated | deepseek | act-quant | te-fp8 (low-cost/recovery path pair)."""
+    """none | fp8-emulated | deepseek | act-quant | fp8-torchao | te-fp8: the low-cost and
+    recovery path pair of every unit (precision/backends.py)."""
     precision_static: str = "low"
     """Without --gnmr: every unit on the `low` cost path or on the `recovery` path."""
     fp8_format: str = "hybrid"

@@ -34,7 +34,7 @@ class PrecisionPlan:
     def load_state_dict(self, state: dict) -> None:
         self.recovery = frozenset(state["recovery"])
         self.step = state["step"]
-        self.all_recovery = state.get("all_recovery", False)
+        self.all_recovery = state["all_recovery"]
 
 
 class PrecisionRuntime:

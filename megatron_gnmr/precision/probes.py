@@ -120,7 +120,7 @@ class UnitProbe:
 
 def build_probes(config, registry) -> ProbeBank | None:
     """The run's probe bank, when its controller's signals measure the low path."""
-    from megatron_gnmr.precision.recipes import build_recipe
+    from megatron_gnmr.precision.backends import build_recipe
 
     if registry is None or not config.gnmr.probed():
         return None

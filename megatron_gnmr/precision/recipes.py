@@ -21,9 +21,6 @@ from megatron_gnmr.precision.paths import GemmPath
 from megatron_gnmr.precision.scaling import QuantSpec
 from megatron_gnmr.precision.te_backend import check_fp8_flags
 
-RECIPES = ("none", "fp8-emulated", "deepseek", "act-quant", "te-fp8", "fp8-torchao")
-
-
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -39,44 +36,40 @@ FP8_GRANULARITY = {"tensorwise": ("tensor", "tensor"), "blockwise": ("tile", "bl
                    "mxfp8": ("mx", "mx")}
 
 
-def build_recipe(config) -> Recipe | None:
-    """The recipe of a `PrecisionConfig`, or None for `none` and `te-fp8` (TE's own GEMMs)."""
-    name = config.precision_recipe
-    if name in ("none", "te-fp8"):
-        return None
-    if name == "fp8-emulated":
-        check_fp8_flags(config.fp8_recipe, config.fp8_format)
-        act, weight = FP8_GRANULARITY[config.fp8_recipe]
-        grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
-        pow2 = config.fp8_recipe == "blockwise"
-        low = GemmPath("fp8", QuantSpec("e4m3", act, pow2), QuantSpec("e4m3", weight, pow2),
-                       QuantSpec(grad_format, act, pow2))
-        return Recipe(name, low, EXACT)
-    if name == "fp8-torchao":
-        return _torchao_recipe(config)
-    if name == "deepseek":
-        def blockwise(fmt: str) -> GemmPath:
-            return GemmPath(f"{fmt}-blockwise", QuantSpec(fmt, "tile", True),
-                            QuantSpec(fmt, "block", True), QuantSpec(fmt, "tile", True))
-        if config.deepseek_low_format not in ("e2m3", "e3m2"):
-            raise UserError(f"--deepseek-low-format {config.deepseek_low_format!r}: "
-                            "use e2m3 or e3m2")
-        return Recipe(name, blockwise(config.deepseek_low_format), blockwise("e4m3"))
-    if name == "act-quant":
-        def saved(bits: int, flag: str) -> GemmPath:
-            if bits == 16:
-                return EXACT
-            if bits not in (2, 3, 4, 8):
-                raise UserError(f"{flag} must be 2, 3, 4, 8 or 16, got {bits}")
-            fmt = {8: "int8", 4: "int4"}.get(bits, f"int{bits}")
-            return GemmPath(f"act-int{bits}", saved_input=QuantSpec(fmt,
-                                                                    config.act_quant_granularity))
-        return Recipe(name, saved(config.act_quant_bits, "--act-quant-bits"),
-                      saved(config.act_quant_recovery_bits, "--act-quant-recovery-bits"))
-    raise UserError(f"--precision-recipe {name!r}: use one of {', '.join(RECIPES)}")
+def fp8_emulated(config) -> Recipe:
+    check_fp8_flags(config.fp8_recipe, config.fp8_format)
+    act, weight = FP8_GRANULARITY[config.fp8_recipe]
+    grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
+    pow2 = config.fp8_recipe == "blockwise"
+    low = GemmPath("fp8", QuantSpec("e4m3", act, pow2), QuantSpec("e4m3", weight, pow2),
+                   QuantSpec(grad_format, act, pow2))
+    return Recipe("fp8-emulated", low, EXACT)
 
 
-def _torchao_recipe(config) -> Recipe:
+def deepseek(config) -> Recipe:
+    def blockwise(fmt: str) -> GemmPath:
+        return GemmPath(f"{fmt}-blockwise", QuantSpec(fmt, "tile", True),
+                        QuantSpec(fmt, "block", True), QuantSpec(fmt, "tile", True))
+    if config.deepseek_low_format not in ("e2m3", "e3m2"):
+        raise UserError(f"--deepseek-low-format {config.deepseek_low_format!r}: "
+                        "use e2m3 or e3m2")
+    return Recipe("deepseek", blockwise(config.deepseek_low_format), blockwise("e4m3"))
+
+
+def act_quant(config) -> Recipe:
+    def saved(bits: int, flag: str) -> GemmPath:
+        if bits == 16:
+            return EXACT
+        if bits not in (2, 3, 4, 8):
+            raise UserError(f"{flag} must be 2, 3, 4, 8 or 16, got {bits}")
+        fmt = {8: "int8", 4: "int4"}.get(bits, f"int{bits}")
+        return GemmPath(f"act-int{bits}",
+                        saved_input=QuantSpec(fmt, config.act_quant_granularity))
+    return Recipe("act-quant", saved(config.act_quant_bits, "--act-quant-bits"),
+                  saved(config.act_quant_recovery_bits, "--act-quant-recovery-bits"))
+
+
+def fp8_torchao(config) -> Recipe:
     """Real FP8 GEMMs through torchao: tensorwise (torchao's `tensorwise` recipe with
     --fp8-format hybrid) or rowwise (power-of-two scales; torchao's `rowwise` recipe with
     --fp8-format e4m3); recovery is megatron's own linear."""

@@ -14,7 +14,6 @@ scale = format max / amax (amax 0: scale 1), optionally rounded down to a power 
 all in float32; dequantization multiplies by the float32 reciprocal (TE's scale_inv). MX
 uses the shared exponent floor(log2 amax) - floor(log2 format max). Non-finite inputs stay
 non-finite (NaN/Inf must surface, not be rounded away) and do not enter the amax.
-`DelayedScaling` keeps an amax history and scales with the previous steps' maximum.
 """
 
 from __future__ import annotations
@@ -109,36 +108,3 @@ def _blocked(x: torch.Tensor, size: int, fmt: Format, pow2: bool) -> torch.Tenso
     amax = blocks.abs().amax(dim=(1, 3), keepdim=True)
     out = _scaled_round(blocks, amax, fmt, pow2).reshape(pm, pk)[:m, :k]
     return out.reshape(x.shape)
-
-
-class DelayedScaling:
-    """Per-tensor scaling from the amax history of previous calls (TE DelayedScaling).
-
-    The first call has no history and uses its own amax. State is a plain tensor so it
-    checkpoints with the module that owns it.
-    """
-
-    def __init__(self, spec: QuantSpec, history_len: int = 16):
-        if spec.granularity != "tensor":
-            raise ValueError("delayed scaling is per-tensor")
-        self.spec = spec
-        self.history = torch.zeros(history_len)
-        self.calls = 0
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        fmt = get_format(self.spec.format)
-        finite = torch.isfinite(x)
-        xf = torch.where(finite, x, 0).float()
-        current = xf.abs().amax()
-        amax = self.history.max() if self.calls else current
-        result = _scaled_round(xf, amax, fmt, self.spec.pow2_scale)
-        self.history = torch.roll(self.history, 1)
-        self.history[0] = current
-        self.calls += 1
-        return torch.where(finite, result, x).to(x.dtype)
-
-    def state_dict(self) -> dict:
-        return {"history": self.history.clone(), "calls": self.calls}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.history, self.calls = state["history"].clone(), state["calls"]

@@ -45,7 +45,7 @@ def test_nonfinite_gradient_is_skipped_reported_and_recovered(tmp_path):
 def test_raise_stops_with_a_kept_checkpoint_that_resumes(tmp_path):
     result = run_pretrain([*TINY, *GNMR, "--train-iters", "6", "--eval-interval", "100",
                            "--gnmr-nonfinite", "raise", "--inject-nonfinite", f"4:{UNIT}",
-                           "--save", str(tmp_path)], check=False)
+                           "--save", str(tmp_path)], check=False, new_process=True)
     assert result.returncode == 3
     stopped = [line for line in result.stderr.splitlines() if line.startswith("stopped:")]
     assert len(stopped) == 1 and "step 4" in stopped[0] and UNIT in stopped[0]

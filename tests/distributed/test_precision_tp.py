@@ -15,7 +15,7 @@ scaling under TP (an amax not reduced over the group) shows at step 1 already.
 import numpy as np
 import pytest
 
-from tests.helpers import TINY, run_pretrain, train_losses
+from tests.helpers import TINY, run_batch, train_losses
 
 STEPS = 5
 ALIGNED = [*TINY, "--hidden-size", "256", "--ffn-hidden-size", "256",
@@ -37,15 +37,23 @@ GNMR = ["--gnmr", "--gnmr-delta", "1", "--gnmr-warmup", "2", "--gnmr-alpha", "1.
         "--gnmr-beta", "1.05", "--gnmr-max-o", "3"]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every recipe at TP=1 (one process) and TP=2 (one torchrun launch)."""
+    root = tmp_path_factory.mktemp("tp")
+    common = {name: [*ALIGNED, *flags, *GNMR, "--train-iters", str(STEPS), "--eval-interval",
+                     "100"] for name, (flags, _) in RECIPES.items()}
+    run_batch([[*args, "--save", str(root / name / "tp1")] for name, args in common.items()])
+    run_batch([[*args, "--tensor-model-parallel-size", "2", "--save", str(root / name / "tp2")]
+               for name, args in common.items()], nproc=2)
+    return root
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_recipe_tp2_matches_tp1(tmp_path, recipe):
-    flags, exact_steps = RECIPES[recipe]
-    common = [*ALIGNED, *flags, *GNMR, "--train-iters", str(STEPS),
-              "--eval-interval", "100"]
-    run_pretrain([*common, "--save", str(tmp_path / "tp1")])
-    run_pretrain([*common, "--tensor-model-parallel-size", "2", "--save", str(tmp_path / "tp2")],
-                 nproc=2)
-    tp1, tp2 = train_losses(tmp_path / "tp1"), train_losses(tmp_path / "tp2")
+def test_recipe_tp2_matches_tp1(runs, recipe):
+    exact_steps = RECIPES[recipe][1]
+    tp1, tp2 = train_losses(runs / recipe / "tp1"), train_losses(runs / recipe / "tp2")
+    assert sorted(tp2) == list(range(1, STEPS + 1))
     np.testing.assert_allclose([tp2[s] for s in range(1, exact_steps + 1)],
                                [tp1[s] for s in range(1, exact_steps + 1)], rtol=1e-5)
     np.testing.assert_allclose([tp2[s] for s in range(1, STEPS + 1)],

@@ -1,0 +1,86 @@
+"""The precision backends (`--precision-recipe`): the registry.
+
+A backend says how a run's unit linears are built (the layer spec), which pair of paths they
+switch between (the recipe, for the path-routed linears; None for a backend that switches
+by its own means, as TE does), what it checks up front, which megatron `TransformerConfig`
+fields it sets, whether the qerr/oracle probes can measure its low path, and whether it runs
+MoE models. Adding a backend is one file (its recipe or spec) and one entry here; nothing
+else in the project names a backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.precision import recipes
+
+
+@dataclass(frozen=True)
+class Backend:
+    recipe: Callable | None
+    """PrecisionConfig -> Recipe (low and recovery paths of the path-routed linears)."""
+    layer_spec: Callable[[int | None], object] | None = None
+    """num_experts -> megatron layer spec; None: the local spec with path-routed linears."""
+    validate: Callable | None = None
+    """RunConfig -> None (raises UserError): checks before anything is built."""
+    megatron_fields: Callable = lambda precision: {}
+    """PrecisionConfig -> TransformerConfig fields (TE's FP8 settings)."""
+    probes: bool = True
+    """The precision probes can measure its low path (`--gnmr-signals qerr`)."""
+    experts: bool = False
+    """It may run MoE models."""
+
+
+def _te_spec(num_experts):
+    from megatron_gnmr.platform import megatron_compat
+    from megatron_gnmr.precision.te_backend import switchable_layer_spec
+
+    return switchable_layer_spec(megatron_compat.te_layer_spec(num_experts))
+
+
+def _te_validate(config):
+    from megatron_gnmr.precision.te_backend import validate_te_fp8
+
+    validate_te_fp8(config)
+
+
+def _torchao_validate(config):
+    from megatron_gnmr.precision.gemm_shapes import shape_problems, unit_gemms
+    from megatron_gnmr.precision.torchao_compat import require_torchao
+
+    require_torchao()
+    problems = shape_problems(unit_gemms(config), 16, 16, 16)
+    if problems:
+        raise UserError("--precision-recipe fp8-torchao: torch._scaled_mm needs every GEMM "
+                        f"dimension to be a multiple of 16; {problems[0]}"
+                        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+
+
+BACKENDS = {
+    "none": Backend(recipe=None, probes=False, experts=True),
+    "fp8-emulated": Backend(recipes.fp8_emulated),
+    "deepseek": Backend(recipes.deepseek),
+    "act-quant": Backend(recipes.act_quant),
+    "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate),
+    # Our --fp8-format / --fp8-recipe values are megatron's own.
+    "te-fp8": Backend(recipe=None, layer_spec=_te_spec, validate=_te_validate,
+                      megatron_fields=lambda p: {"fp8": p.fp8_format, "fp8_recipe": p.fp8_recipe},
+                      probes=False, experts=True),
+}
+
+
+def backend(precision) -> Backend:
+    """The backend of a PrecisionConfig, or a UserError naming the known ones."""
+    try:
+        return BACKENDS[precision.precision_recipe]
+    except KeyError:
+        raise UserError(f"--precision-recipe {precision.precision_recipe!r}: use one of "
+                        f"{', '.join(BACKENDS)}") from None
+
+
+def build_recipe(precision) -> recipes.Recipe | None:
+    """The path pair of the run's path-routed linears (None: nothing to route)."""
+    chosen = backend(precision)
+    return chosen.recipe(precision) if chosen.recipe is not None else None

@@ -1,0 +1,103 @@
+"""Adding to an extension point is one new file and one registry line (docs/architecture.md).
+
+The test does what a contributor would: it writes a new risk signal's module, registers it
+with one line, and the signal then works end to end: `--gnmr-signals` accepts it, a run
+decides with it, the trace records it and replay scores it again. It does the same for an
+alarm detector.
+"""
+
+import importlib.util
+import sys
+import textwrap
+
+import numpy as np
+
+from megatron_gnmr.controller import signals
+from megatron_gnmr.monitors import detectors
+from tests.helpers import REPO, TINY, trace_records
+
+TOY_SIGNAL = textwrap.dedent('''
+    """`toy`: the first unit is always risky (an example)."""
+
+    import numpy as np
+
+    from megatron_gnmr.controller.signals.base import Observations, RiskSignal
+
+
+    class ToySignal(RiskSignal):
+        name = "toy"
+
+        def scores(self, observations: Observations) -> np.ndarray:
+            return np.where(np.arange(len(self.unit_names)) == 0, 3.0, 0.0)
+''')
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_new_risk_signal_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
+    (tmp_path / "toy_signal.py").write_text(TOY_SIGNAL)  # the one new file
+    toy = load(tmp_path / "toy_signal.py", "toy_signal")
+    monkeypatch.setitem(signals.SIGNALS, "toy", toy.ToySignal)  # the one registry line
+
+    sys.path.insert(0, str(REPO))
+    from pretrain_llama import main
+
+    run = tmp_path / "run"
+    main([*TINY, "--train-iters", "5", "--lr-warmup-iters", "1", "--eval-interval", "100",
+          "--gnmr", "--gnmr-signals", "toy", "--gnmr-warmup", "2", "--gnmr-delta", "1",
+          "--save", str(run)])
+    decided = [r["recovery"] for r in trace_records(run)]
+    assert decided == [[], [], [0], [0], [0]]  # risky once the warm-up is over
+
+    from megatron_gnmr.controller.config import GNMRConfig
+    from megatron_gnmr.controller.replay import replay
+    from megatron_gnmr.controller.trace import read_trace
+
+    trace = read_trace(str(run / "gnmr_trace.jsonl"))
+    config = GNMRConfig(**{k: v for k, v in trace.config.items()
+                           if k in GNMRConfig.__dataclass_fields__})
+    assert replay(trace, config).matches_recorded == 5
+
+
+def test_a_new_alarm_detector_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
+    (tmp_path / "fixed_band.py").write_text(textwrap.dedent('''
+        """`fixed`: alarms when a signal is below 0 (an example)."""
+
+        from megatron_gnmr.monitors.detectors.streak import Streak
+
+
+        class FixedBand:
+            kind = "fixed"
+
+            def __init__(self, patience, direction):
+                self.rule, self.direction = Streak(patience), direction
+
+            def update(self, step, value):
+                return {"expected": 0.0, "band": 0.0} if self.rule.push(value < 0) else None
+
+            def state_dict(self):
+                return {"rule": self.rule.state_dict()}
+
+            def load_state_dict(self, state):
+                self.rule.load_state_dict(state["rule"])
+
+            @classmethod
+            def for_signal(cls, key, book, band, patience, direction):
+                return cls(patience, direction)
+    '''))
+    fixed = load(tmp_path / "fixed_band.py", "fixed_band")
+    monkeypatch.setitem(detectors.DETECTORS, "fixed", fixed.FixedBand)
+
+    from megatron_gnmr.monitors.alarms import AlarmBook
+
+    book = AlarmBook(detector="fixed", patience=2)
+    values = np.array([1.0, -1.0, -2.0, -3.0, 1.0])
+    events = [book.observe(step, "attention", 0, "H_D2_mean", v)
+              for step, v in enumerate(values, start=1)]
+    assert [step for step, event in enumerate(events, start=1) if event] == [3]
+    assert events[2]["detector"] == "fixed"
