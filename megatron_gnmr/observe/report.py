@@ -140,8 +140,9 @@ def _label_rows(ax, labels: list[str]) -> None:
 
 
 def _timeline_panel(ax, run: RunLog) -> None:
-    ax.set_title(f"Recovery timeline: {run.name} (dark = recovery path; grouped rows: share "
-                 "of their units)")
+    grouped = len(run.units) > MAX_ROWS
+    ax.set_title(f"Recovery timeline: {run.name} (dark = recovery path"
+                 + ("; a row is a group of units: the share recovered)" if grouped else ")"))
     if run.recovery is None:
         ax.text(0.5, 0.5, "no GNMR trace (controller off)", ha="center", transform=ax.transAxes)
         ax.axis("off")
@@ -166,10 +167,11 @@ def _monitor_panel(ax, runs: list[RunLog]) -> None:
     for index, run in enumerate(runs):
         keys = sorted({k for r in run.records for k in r if k.startswith("monitor/")
                        and isinstance(r[k], (int, float))})
-        for key in keys[:6]:
+        for number, key in enumerate(keys[:6]):
             points = [(r["step"], r[key]) for r in run.records if key in r]
             steps, values = zip(*points)
-            ax.plot(steps, values, label=f"{run.name} {key}", color=f"C{index}", alpha=0.7)
+            ax.plot(steps, values, label=f"{run.name} {key.removeprefix('monitor/')}",
+                    color=f"C{number}", linestyle=("-", "--", ":", "-.")[index % 4], alpha=0.8)
             drawn = True
         for alarm in (r for r in run.records if r.get("event") == "alarm"):
             ax.axvline(alarm["step"], color=f"C{index}", linestyle="--")
@@ -200,7 +202,9 @@ def render_report(runs: list[RunLog]):
 
 
 def _gnmr_heatmap_panel(ax, run: RunLog) -> None:
-    ax.set_title(f"GNMR per unit: {run.name} (log10; grouped rows: their maximum)")
+    ax.set_title(f"GNMR per unit: {run.name} (log10"
+                 + ("; a row is a group of units: their maximum)" if len(run.units) > MAX_ROWS
+                    else ")"))
     labels, row_of = unit_rows(run.units)
     scores = _by_row(np.log10(np.where(run.gnmr > 0, run.gnmr, np.nan)), row_of, len(labels),
                      np.nanmax)
