@@ -1,7 +1,8 @@
 """Benchmark: what the GNMR controller costs, measured side by side in one run.
 
 1. `GNMRPolicy.step` time for 320 (LLaMA-2 70B), 3,200 and 31,000 (DeepSeek-V3-like MoE)
-   units, on random norms with spikes.
+   units, on random norms with spikes (and once with NaN norms, which put units' Delta-GNMR
+   windows out of phase with each other).
 2. Training step time with `--gnmr` off vs on, for the tiny CPU model and a larger CPU model
    (8 layers, hidden 512). Off is megatron's own optimizer step (its clipping computes the
    global norm); on replaces that norm pass by the per-unit statistics and adds the policy.
@@ -19,13 +20,14 @@ import time
 import numpy as np
 
 
-def bench_policy(num_units: int, steps: int) -> float:
+def bench_policy(num_units: int, steps: int, nonfinite: float = 0.0) -> float:
     from megatron_gnmr.controller import GNMRConfig, GNMRPolicy
 
     rng = np.random.default_rng(0)
     policy = GNMRPolicy(GNMRConfig(max_o=0.01), num_units)
     rows = rng.lognormal(size=(steps, num_units))
     rows[rng.random(rows.shape) < 0.001] *= 50  # spikes
+    rows[rng.random(rows.shape) < nonfinite] = np.nan  # puts units' windows out of phase
     times = []
     for row in rows:
         start = time.perf_counter()
@@ -58,6 +60,7 @@ def main() -> None:
     print("policy.step (median over 200 steps):")
     for units in (320, 3_200, 31_000):
         print(f"  {units:>6} units: {bench_policy(units, 200) * 1e3:8.3f} ms")
+    print(f"  31,000 units, 0.1% of norms NaN: {bench_policy(31_000, 200, 0.001) * 1e3:.3f} ms")
     print("training step time, --gnmr off vs on (median, same process, alternating):")
     for name, flags in (("tiny (2 x 128)", TINY), ("larger (8 x 512)", LARGER)):
         off, on = bench_training(flags, args.steps)

@@ -79,3 +79,25 @@ def test_int_formats_round_half_even_and_clamp(fmt):
     info = ml_dtypes.iinfo(ml_dtypes.int4) if fmt is INT4 else np.iinfo(np.int8)
     expected = np.clip(np.rint(values), info.min, info.max)
     _same_bits(round_to_format(torch.from_numpy(values), fmt), expected)
+
+
+@pytest.mark.parametrize("fmt", list(FLOAT_FORMATS), ids=lambda f: f.name)
+@pytest.mark.parametrize("saturate", [False, True], ids=["ieee", "saturate"])
+def test_every_rounding_route_matches_ml_dtypes(fmt, saturate):
+    """The float32 magic-number rounding (every format), torch's float8 cast (where its
+    overflow rule is the format's) and the dispatch between them, against ml_dtypes;
+    saturation = ml_dtypes of the value clipped to +-max."""
+    from megatron_gnmr.precision import formats
+
+    dtype = FLOAT_FORMATS[fmt]
+    values = np.concatenate([_random_values(200_000, float(ml_dtypes.finfo(dtype).max)),
+                             _edge_cases(dtype)])
+    top = float(ml_dtypes.finfo(dtype).max)
+    reference = np.clip(values, -top, top) if saturate else values
+    expected = reference.astype(dtype).astype(np.float32)
+    routes = [formats.magic_round, formats.round_to_format]
+    native = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(fmt.name)
+    if native is not None and (saturate or fmt.has_inf):
+        routes.append(lambda x, f, s: formats._native_cast_(x.float().clone(), f, native, s))
+    for route in routes:
+        _same_bits(route(torch.from_numpy(values), fmt, saturate), expected)

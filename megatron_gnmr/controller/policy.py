@@ -50,7 +50,7 @@ class GNMRPolicy:
         self.t = 0
         self.norm_sum = np.zeros(n, dtype=np.float64)
         self.norm_count = np.zeros(n, dtype=np.int64)
-        self.gnmr_ring = np.zeros((n, delta), dtype=np.float64)
+        self._window = np.zeros((delta, n), dtype=np.float64)  # slot-major: rows vectorise
         self.gnmr_count = np.zeros(n, dtype=np.int64)  # GNMR values ever pushed
         self.locks = np.zeros(n, dtype=np.int64)
         # Running totals for the summary figures of SPEC 5.
@@ -80,6 +80,7 @@ class GNMRPolicy:
         self.t += 1
         t = self.t
         finite = np.isfinite(norms)
+        alpha, beta = cfg.threshold("alpha", t), cfg.threshold("beta", t)
 
         with np.errstate(invalid="ignore", divide="ignore"):
             mean_norm = self.norm_sum / np.maximum(self.norm_count, 1)
@@ -87,14 +88,13 @@ class GNMRPolicy:
                 finite & (self.norm_count >= 1), norms / np.maximum(mean_norm, eps), np.nan
             )
             window_full = self.gnmr_count >= cfg.delta
-            window_mean = self.gnmr_ring.sum(axis=1) / cfg.delta
+            window_mean = self._window.sum(axis=0) / cfg.delta
             delta_gnmr = np.where(
                 window_full & ~np.isnan(gnmr), gnmr / np.maximum(window_mean, eps), np.nan
             )
-            alpha, beta = cfg.threshold("alpha", t), cfg.threshold("beta", t)
-            scores = np.stack([gnmr / alpha, delta_gnmr / beta])
-            risk = np.where(np.isnan(scores).all(axis=0), 0.0, np.nanmax(
-                np.where(np.isnan(scores), -np.inf, scores), axis=0))
+            # A unit's risk: the larger of its defined scores (fmax skips a NaN), 0 if none.
+            risk = np.fmax(gnmr / alpha, delta_gnmr / beta)
+        risk[np.isnan(risk)] = 0.0
 
         risky = (gnmr > alpha) | (delta_gnmr > beta)  # NaN compares False: undefined is safe
         if not use_gnmr:
@@ -106,28 +106,24 @@ class GNMRPolicy:
         if t <= cfg.warmup:
             risky[:] = False
         risky |= ~finite
-        risk = np.where(finite, risk, np.inf)
+        risk[~finite] = np.inf
 
-        pool = risky | (self.locks > 0)
-        candidates = np.flatnonzero(pool)
-        # Highest risk first; ties to the lower canonical index (lexsort: last key primary).
-        order = candidates[np.lexsort((candidates, -risk[candidates]))]
-        selected = np.sort(order[: self._affordable()])
+        candidates = np.flatnonzero(risky | (self.locks > 0))
+        selected = _highest_risk(candidates, risk[candidates], self._affordable())
         self.tokens -= selected.size
 
         in_selection = np.zeros(self.num_units, dtype=bool)
         in_selection[selected] = True
         relock = in_selection & risky
-        decay = ~relock & (self.locks > 0) & ~risky
+        self.locks -= ~relock & (self.locks > 0) & ~risky  # decay
         self.locks[relock] = cfg.t_lock
-        self.locks[decay] -= 1
 
         self._update_history(norms, gnmr, finite)
-        self._count(in_selection, risky)
+        self._count(in_selection, risky, selected.size)
 
         return Decision(
             step=t,
-            recovery=tuple(int(u) for u in selected),
+            recovery=tuple(selected.tolist()),
             norms=norms,
             gnmr=gnmr,
             delta_gnmr=delta_gnmr,
@@ -135,23 +131,27 @@ class GNMRPolicy:
             risky=risky,
             locks=self.locks.copy(),
             pool_size=int(candidates.size),
-            nonfinite=tuple(int(u) for u in np.flatnonzero(~finite)),
+            nonfinite=tuple(np.flatnonzero(~finite).tolist()),
         )
 
     def _update_history(self, norms: np.ndarray, gnmr: np.ndarray, finite: np.ndarray) -> None:
         # Only accepted (finite) observations enter sums, counts and windows.
-        self.norm_sum[finite] += norms[finite]
-        self.norm_count[finite] += 1
-        pushed = np.flatnonzero(~np.isnan(gnmr))
-        slot = self.gnmr_count[pushed] % self.config.delta
-        self.gnmr_ring[pushed, slot] = gnmr[pushed]
-        self.gnmr_count[pushed] += 1
+        self.norm_sum += np.where(finite, norms, 0.0)
+        self.norm_count += finite
+        pushed = ~np.isnan(gnmr)
+        # Each unit writes its window slot count % delta. Units that once missed a value are
+        # out of phase with the rest, so write one masked row per slot in use (usually one)
+        # rather than scatter 31k single values.
+        slot = self.gnmr_count % self.config.delta
+        for row in np.flatnonzero(np.bincount(slot[pushed], minlength=self.config.delta)):
+            np.copyto(self._window[row], gnmr, where=pushed & (slot == row))
+        self.gnmr_count += pushed
 
-    def _count(self, in_selection: np.ndarray, risky: np.ndarray) -> None:
+    def _count(self, in_selection: np.ndarray, risky: np.ndarray, selected: int) -> None:
         self.eligible_unit_steps += self.num_units
-        self.recovery_unit_steps += int(in_selection.sum())
-        self.risky_unit_steps += int(risky.sum())
-        self.switches += int((in_selection != self._recovery).sum())
+        self.recovery_unit_steps += selected
+        self.risky_unit_steps += int(np.count_nonzero(risky))
+        self.switches += int(np.count_nonzero(in_selection != self._recovery))
         self._recovery = in_selection
 
     def _as_vector(self, norms) -> np.ndarray:
@@ -161,6 +161,11 @@ class GNMRPolicy:
         if vector.shape != (self.num_units,):
             raise ValueError(f"expected {self.num_units} norms, got {vector.shape[0]}")
         return vector.copy()
+
+    @property
+    def gnmr_ring(self) -> np.ndarray:
+        """The Delta-GNMR windows, [units, delta] (slot count % delta holds the next value)."""
+        return self._window.T
 
     @property
     def recovery(self) -> tuple[int, ...]:
@@ -177,12 +182,13 @@ class GNMRPolicy:
             "switches_per_1k_steps": 1000.0 * self.switches / max(self.t, 1),
         }
 
-    _ARRAYS = ("norm_sum", "norm_count", "gnmr_ring", "gnmr_count", "locks", "_recovery")
+    _ARRAYS = ("norm_sum", "norm_count", "gnmr_count", "locks", "_recovery")
     _COUNTERS = ("t", "eligible_unit_steps", "recovery_unit_steps", "risky_unit_steps", "switches")
     _FLOATS = ("tokens",)
 
     def state_dict(self) -> dict:
         state = {name: getattr(self, name).copy() for name in self._ARRAYS}
+        state["gnmr_ring"] = self._window.T.copy()  # [units, delta], as checkpoints hold it
         state.update({name: getattr(self, name) for name in self._COUNTERS + self._FLOATS})
         state["num_units"] = self.num_units
         state["delta"] = self.config.delta
@@ -197,7 +203,22 @@ class GNMRPolicy:
             )
         for name in self._ARRAYS:
             setattr(self, name, np.array(state[name], copy=True))
+        self._window = np.ascontiguousarray(np.asarray(state["gnmr_ring"], dtype=np.float64).T)
         for name in self._COUNTERS:
             setattr(self, name, int(state[name]))
         for name in self._FLOATS:
             setattr(self, name, float(state.get(name, 0.0)))
+
+
+def _highest_risk(candidates: np.ndarray, risk: np.ndarray, budget: int) -> np.ndarray:
+    """The `budget` candidates of highest risk, ties to the lower unit index, in index order
+    (`candidates` ascending, `risk` theirs, never NaN): a partition, not a sort of the pool."""
+    if budget <= 0:
+        return candidates[:0]
+    if candidates.size <= budget:
+        return candidates
+    cutoff = np.partition(risk, candidates.size - budget)[candidates.size - budget]
+    chosen = risk > cutoff
+    tied = np.flatnonzero(risk == cutoff)[: budget - np.count_nonzero(chosen)]
+    chosen[tied] = True
+    return candidates[chosen]

@@ -74,8 +74,9 @@ class UnitProbe:
         return self.bank.oracle
 
     def _add(self, pair: int, error: torch.Tensor, reference: torch.Tensor) -> None:
+        """`error` is a temporary the caller hands over: squared in place."""
         row = self.bank.sums[self.index]
-        row[2 * pair] += error.float().square().sum().double()
+        row[2 * pair] += error.float().square_().sum().double()
         row[2 * pair + 1] += reference.float().square().sum().double()
 
     def _low_quantized(self, kind: str, original, run_path, computed, group):

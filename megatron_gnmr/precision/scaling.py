@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from megatron_gnmr.precision.formats import Format, get_format, round_to_format
+from megatron_gnmr.precision.formats import Format, get_format, round_to_format_
 
 GRANULARITIES = ("tensor", "row", "tile", "block", "mx")
 
@@ -45,26 +45,53 @@ class QuantSpec:
 
 def quantize(x: torch.Tensor, spec: QuantSpec, amax_group=None) -> torch.Tensor:
     """Fake-quantize x (returned in x's dtype). `amax_group`: reduce a per-tensor amax over
-    this process group (TP), so that a sharded tensor is scaled like the whole one."""
+    this process group (TP), so that a sharded tensor is scaled like the whole one.
+
+    The common case takes one max-abs pass for the scales and the rounding's few float32
+    passes. A non-finite value shows in its amax; only then is the input masked (so NaN/Inf
+    neither enter the scale nor get rounded away) and quantized again. That check reads the
+    amax on the host: a sync per call on a GPU, which the emulation accepts."""
     fmt = get_format(spec.format)
-    finite = torch.isfinite(x)
-    xf = torch.where(finite, x, 0).float()
+    xf = x.float()
+    result = _quantize(xf, spec, fmt, amax_group)
+    if result is None:  # NaN/Inf somewhere (on this rank or, per tensor, another TP rank)
+        finite = torch.isfinite(xf)
+        result = torch.where(finite, _quantize(torch.where(finite, xf, 0), spec, fmt,
+                                               amax_group), xf)
+    return result.to(x.dtype)
+
+
+def _quantize(xf: torch.Tensor, spec: QuantSpec, fmt: Format, amax_group):
+    """The quantized float32 tensor, or None if an amax is not finite."""
     if spec.granularity == "tensor":
-        amax = xf.abs().amax()
+        amax = _amax(xf)
         if amax_group is not None and torch.distributed.get_world_size(amax_group) > 1:
+            amax = torch.nan_to_num(amax, nan=math.inf)  # MAX propagates Inf on every rank
             torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX,
                                          group=amax_group)
-        result = _scaled_round(xf, amax, fmt, spec.pow2_scale)
-    elif spec.granularity == "row":
+        return _scaled_round(xf, amax, fmt, spec.pow2_scale) if _finite(amax) else None
+    if spec.granularity == "row":
         rows = xf.reshape(-1, xf.shape[-1])
-        amax = rows.abs().amax(dim=-1, keepdim=True)
-        result = _scaled_round(rows, amax, fmt, spec.pow2_scale).reshape(xf.shape)
-    elif spec.granularity in ("tile", "mx"):
-        size = 32 if spec.granularity == "mx" else spec.block_size
-        result = _tiled(xf, size, fmt, spec)
-    else:
-        result = _blocked(xf, spec.block_size, fmt, spec.pow2_scale)
-    return torch.where(finite, result, x).to(x.dtype)
+        amax = _amax(rows, dim=-1)
+        return _scaled_round(rows, amax, fmt, spec.pow2_scale).reshape(xf.shape) \
+            if _finite(amax) else None
+    if spec.granularity in ("tile", "mx"):
+        return _tiled(xf, 32 if spec.granularity == "mx" else spec.block_size, fmt, spec)
+    return _blocked(xf, spec.block_size, fmt, spec.pow2_scale)
+
+
+def _amax(x: torch.Tensor, dim: int | tuple[int, ...] = ()) -> torch.Tensor:
+    """max |x| over `dim` (all if empty; kept), NaN if any is NaN. The larger of max and
+    -min: one or two reductions cost less than a |x| copy (torch.aminmax is the fastest over
+    a whole tensor and the slowest over a dim)."""
+    if not dim:
+        low, high = torch.aminmax(x)
+        return torch.maximum(high, low.neg_())
+    return torch.maximum(x.amax(dim=dim, keepdim=True), x.amin(dim=dim, keepdim=True).neg_())
+
+
+def _finite(amax: torch.Tensor) -> bool:
+    return bool(torch.isfinite(amax).all())
 
 
 def _scale(amax: torch.Tensor, fmt: Format, pow2: bool) -> torch.Tensor:
@@ -78,33 +105,42 @@ def _scale(amax: torch.Tensor, fmt: Format, pow2: bool) -> torch.Tensor:
 
 
 def _scaled_round(x: torch.Tensor, amax: torch.Tensor, fmt: Format, pow2: bool):
-    scale = _scale(amax, fmt, pow2)
+    return _round_with(x, _scale(amax, fmt, pow2), fmt)
+
+
+def _round_with(x: torch.Tensor, scale: torch.Tensor, fmt: Format) -> torch.Tensor:
     # Dequantize by multiplying with the float32 reciprocal, as TE does with `scale_inv`
     # (and so the result does not depend on how torch vectorises a broadcast division).
-    return round_to_format(x * scale, fmt, saturate=True) * torch.reciprocal(scale)
+    return round_to_format_(x * scale, fmt, saturate=True).mul_(torch.reciprocal(scale))
 
 
-def _tiled(x: torch.Tensor, size: int, fmt: Format, spec: QuantSpec) -> torch.Tensor:
+def _pad(matrix: torch.Tensor, right: int, bottom: int = 0) -> torch.Tensor:
+    return F.pad(matrix, (0, right, 0, bottom)) if right or bottom else matrix
+
+
+def _tiled(x: torch.Tensor, size: int, fmt: Format, spec: QuantSpec):
     rows = x.reshape(-1, x.shape[-1])
     k = rows.shape[-1]
-    padded = F.pad(rows, (0, (-k) % size))
-    tiles = padded.reshape(rows.shape[0], -1, size)
-    amax = tiles.abs().amax(dim=-1, keepdim=True)
+    tiles = _pad(rows, (-k) % size).reshape(rows.shape[0], -1, size)
+    amax = _amax(tiles, dim=-1)
+    if not _finite(amax):
+        return None
     if spec.granularity == "mx":
         shared = torch.floor(torch.log2(torch.where(amax > 0, amax, 1.0)))
-        scale = torch.exp2(math.floor(math.log2(fmt.max_value)) - shared)
-        out = round_to_format(tiles * scale, fmt, saturate=True) * torch.reciprocal(scale)
+        out = _round_with(tiles, torch.exp2(math.floor(math.log2(fmt.max_value)) - shared), fmt)
     else:
         out = _scaled_round(tiles, amax, fmt, spec.pow2_scale)
     return out.reshape(rows.shape[0], -1)[:, :k].reshape(x.shape)
 
 
-def _blocked(x: torch.Tensor, size: int, fmt: Format, pow2: bool) -> torch.Tensor:
+def _blocked(x: torch.Tensor, size: int, fmt: Format, pow2: bool):
     matrix = x.reshape(-1, x.shape[-1])
     m, k = matrix.shape
-    padded = F.pad(matrix, (0, (-k) % size, 0, (-m) % size))
+    padded = _pad(matrix, (-k) % size, (-m) % size)
     pm, pk = padded.shape
     blocks = padded.reshape(pm // size, size, pk // size, size)
-    amax = blocks.abs().amax(dim=(1, 3), keepdim=True)
+    amax = _amax(blocks, dim=(1, 3))
+    if not _finite(amax):
+        return None
     out = _scaled_round(blocks, amax, fmt, pow2).reshape(pm, pk)[:m, :k]
     return out.reshape(x.shape)
