@@ -64,6 +64,20 @@ class ParallelConfig:
     """PP degree: splits layers into stages (megatron's 1F1B schedule)."""
     expert_model_parallel_size: int = limit(1, ge=1)
     """EP degree for MoE: experts split across data-parallel ranks."""
+    sequence_parallel: bool = False
+    """Split the sequence of the norm and residual regions across the TP ranks (activation
+    memory / TP; needs TP > 1; megatron requires it for MoE with TP). --gnmr: unchanged (norm
+    gradients are TP-reduced before the controller reads them)."""
+    use_distributed_optimizer: bool = False
+    """Shard the optimizer state and main weights over data-parallel ranks (ZeRO-1).
+    --gnmr: each rank holds a shard of every gradient, so the per-unit norms sum shards over
+    DP too, still in one all-reduce."""
+    overlap_grad_reduce: bool = False
+    """Reduce gradient buckets during the backward pass. --gnmr: unchanged (the controller
+    reads the gradients after the reduction has finished)."""
+    overlap_param_gather: bool = False
+    """Gather updated parameter shards during the next forward (needs
+    --use-distributed-optimizer and --overlap-grad-reduce). --gnmr: unchanged."""
 
     def __post_init__(self) -> None:
         check_limits(self, "parallel")
@@ -123,6 +137,23 @@ class TrainingConfig:
     """Stop (after checkpointing) once the step count is a multiple of N (0: never)."""
     inject_nonfinite: Optional[str] = None
     """Test only: STEP:UNIT[,...] puts a NaN into that unit's gradient at that step."""
+    recompute_granularity: Optional[str] = None
+    """Activation recompute: `selective` (core attention only: cheap, saves the attention
+    scores) or `full` (whole layers, with --recompute-method); None: off. --gnmr: unchanged
+    (recompute replays the same path, so the backward sees its forward's precision)."""
+    recompute_method: Optional[str] = None
+    """Full recompute: `uniform` (chunks of --recompute-num-layers layers) or `block` (the
+    first --recompute-num-layers layers of each pipeline stage)."""
+    recompute_num_layers: Optional[int] = limit(None, ge=1)
+    """Full recompute: layers per chunk (uniform) or recomputed layers per stage (block)."""
+    gradient_accumulation_fusion: bool = False
+    """Accumulate weight gradients into main_grad inside the GEMM (GPU with apex/TE only;
+    not with emulated or switchable precision, whose weight gradient is its own GEMM)."""
+    attention_backend: str = "auto"
+    """Core attention: auto, flash, fused, unfused (Transformer Engine's kernels: flash and
+    fused need --precision-recipe te-fp8 or a TE layer spec) or local (megatron's own)."""
+    use_flash_attn: bool = False
+    """Megatron's older spelling of --attention-backend flash."""
     emulated_attention: bool = False
     """Core attention through an explicit flash-attention-style backward (fault studies)."""
     attention_fault_bits: int = limit(0, ge=0, le=10)

@@ -16,6 +16,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
 from megatron_gnmr.config import RunConfig
@@ -58,12 +59,21 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         masked_softmax_fusion=False,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=t.gradient_accumulation_fusion,
         persist_layer_norm=False,
-        sequence_parallel=False,
+        sequence_parallel=p.sequence_parallel,
+        recompute_granularity=t.recompute_granularity,
+        recompute_method=t.recompute_method,
+        recompute_num_layers=t.recompute_num_layers,
+        attention_backend=attention_backend(t),
         **_moe_fields(config),
         **precision_backend(config.precision).megatron_fields(config.precision),
     )
+
+
+def attention_backend(training) -> AttnBackend:
+    """megatron's attention backend (--use-flash-attn is its older spelling of flash)."""
+    return AttnBackend.flash if training.use_flash_attn else AttnBackend[training.attention_backend]
 
 
 def _moe_fields(config: RunConfig) -> dict:
@@ -100,7 +110,8 @@ def layer_spec(config: RunConfig):
 def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: int) -> GPTModel:
     return GPTModel(
         config=tconfig,
-        transformer_layer_spec=layer_spec(config),
+        transformer_layer_spec=megatron_compat.decoder_block_spec(layer_spec(config),
+                                                                  config.model.num_layers),
         vocab_size=vocab_size,
         max_sequence_length=config.model.seq_length,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -120,10 +131,12 @@ def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
     model.to(run_device())
     if tconfig.bf16:
         model = Float16Module(tconfig, model)
+    p = config.parallel
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
-        use_distributed_optimizer=False,
+        overlap_grad_reduce=p.overlap_grad_reduce,
+        overlap_param_gather=p.overlap_param_gather,
+        use_distributed_optimizer=p.use_distributed_optimizer,
         check_for_nan_in_grad=False,
     )
     model = DistributedDataParallel(tconfig, ddp_config, model)

@@ -20,6 +20,7 @@ def validate(config: RunConfig, world_size: int) -> None:
     """Everything a launch can be refused for before it starts. Raises UserError."""
     validate_model(config)
     validate_layout(config, world_size)
+    validate_scale_features(config)
     validate_schedule(config)
     validate_precision(config)
     validate_logging(config)
@@ -67,6 +68,70 @@ def validate_layout(config: RunConfig, world_size: int) -> None:
         raise UserError(
             f"--global-batch-size {t.global_batch_size} must be a multiple of "
             f"--micro-batch-size {t.micro_batch_size} x data-parallel size {dp}")
+
+
+def validate_scale_features(config: RunConfig) -> None:
+    """megatron's memory and overlap features: megatron's own rules, as one-line errors."""
+    p, t = config.parallel, config.training
+    if p.sequence_parallel and p.tensor_model_parallel_size == 1:
+        raise UserError("--sequence-parallel splits the sequence over the tensor-parallel "
+                        "ranks: it needs --tensor-model-parallel-size > 1")
+    if p.overlap_param_gather and not (p.use_distributed_optimizer and p.overlap_grad_reduce):
+        raise UserError("--overlap-param-gather needs --use-distributed-optimizer and "
+                        "--overlap-grad-reduce (megatron gathers the optimizer's weight shards)")
+    _validate_recompute(t, config.model.num_layers // p.pipeline_model_parallel_size)
+    if t.gradient_accumulation_fusion:
+        from megatron_gnmr.platform import capabilities
+        from megatron_gnmr.precision.backends import backend
+
+        te_layers = backend(config.precision).layer_spec is not None
+        fusion = capabilities.gradient_accumulation_fusion(te_layers)
+        if not fusion:
+            raise UserError(f"--gradient-accumulation-fusion: {fusion.reason}")
+    _validate_attention_backend(config)
+
+
+def _validate_recompute(t, layers_per_stage: int) -> None:
+    if t.recompute_granularity not in (None, "full", "selective"):
+        raise UserError(f"--recompute-granularity must be full or selective, got "
+                        f"{t.recompute_granularity!r}")
+    if t.recompute_method not in (None, "uniform", "block"):
+        raise UserError(f"--recompute-method must be uniform or block, got "
+                        f"{t.recompute_method!r}")
+    if t.recompute_granularity == "full":
+        if t.recompute_method is None or t.recompute_num_layers is None:
+            raise UserError("--recompute-granularity full needs --recompute-method (uniform or "
+                            "block) and --recompute-num-layers")
+        if t.recompute_num_layers > layers_per_stage:
+            raise UserError(f"--recompute-num-layers {t.recompute_num_layers} exceeds the "
+                            f"{layers_per_stage} layers of a pipeline stage")
+    elif t.recompute_method is not None or t.recompute_num_layers is not None:
+        raise UserError("--recompute-method and --recompute-num-layers go with "
+                        "--recompute-granularity full (selective recomputes core attention)")
+
+
+def _validate_attention_backend(config: RunConfig) -> None:
+    from megatron.core.transformer.enums import AttnBackend
+
+    from megatron_gnmr.precision.backends import backend
+
+    t = config.training
+    if t.attention_backend not in AttnBackend.__members__:
+        raise UserError(f"--attention-backend must be one of "
+                        f"{', '.join(AttnBackend.__members__)}, got {t.attention_backend!r}")
+    if t.use_flash_attn and t.attention_backend not in ("auto", "flash"):
+        raise UserError(f"--use-flash-attn asks for flash attention, --attention-backend "
+                        f"{t.attention_backend} for another; give one of them")
+    chosen = "flash" if t.use_flash_attn else t.attention_backend
+    uses_te = backend(config.precision).layer_spec is not None
+    flag = "--use-flash-attn" if t.use_flash_attn else f"--attention-backend {chosen}"
+    if chosen in ("flash", "fused", "unfused") and not uses_te:
+        raise UserError(f"{flag} selects a Transformer Engine attention "
+                        "kernel; this run's layers are megatron's local ones (TE layers come "
+                        "with --precision-recipe te-fp8); use auto or local")
+    if chosen == "local" and uses_te:
+        raise UserError("--attention-backend local is megatron's own attention, which the "
+                        "Transformer Engine layers of --precision-recipe te-fp8 do not use")
 
 
 def validate_schedule(config: RunConfig) -> None:
@@ -158,9 +223,9 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
     if m.num_experts % ep:
         raise UserError(f"--expert-model-parallel-size {ep} must divide --num-experts "
                         f"{m.num_experts}")
-    if p.tensor_model_parallel_size != 1:
-        raise UserError("MoE with --tensor-model-parallel-size > 1 needs sequence parallelism, "
-                        "which megatron-core cannot run without apex/TE; use TP 1")
+    if p.tensor_model_parallel_size != 1 and not p.sequence_parallel:
+        raise UserError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
+                        "(megatron-core requires it)")
     if (world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)) % ep:
         raise UserError(f"--expert-model-parallel-size {ep} must divide the data-parallel size")
     from megatron_gnmr.precision.backends import BACKENDS, backend

@@ -13,6 +13,12 @@ With expert parallelism the experts of a layer live on different EP ranks, which
 carves out of data parallelism: the all-reduce then runs over the expert-tensor-model-pipeline
 group (TP x EP x PP), expert parameters count on their owning rank, and every other parameter
 (identical on all EP ranks after DDP) counts on EP rank 0 only.
+
+With the distributed optimizer DDP reduce-scatters the gradients: each data-parallel rank
+holds the reduced values of its own shard of the gradient buffer only. Every rank then
+counts its shard of each parameter (the range the optimizer owns), and the same one
+all-reduce spans all ranks, which sums the shards, as megatron's own clip-norm does over
+its grad-stats group.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
 from megatron_gnmr.controller.units import UnitRegistry
 from megatron_gnmr.platform.device import run_device
+from megatron_gnmr.platform.megatron_compat import distributed_optimizer_shards
 
 
 @dataclass
@@ -38,15 +45,18 @@ class StepGradStats:
 class GradStats:
     def __init__(self, registry: UnitRegistry, model_chunks: list[torch.nn.Module],
                  group: torch.distributed.ProcessGroup | None = None,
-                 expert_parallel: bool = False, probes=None):
+                 expert_parallel: bool = False, probes=None, sharded: bool = False):
         self.num_units = registry.num_units
         self.probes = probes
+        self.sharded = sharded  # the distributed optimizer: gradients reduce-scattered
+        self.shards: dict[int, tuple[int, int]] | None = None  # param id -> owned range
         # Probe sums differ across data-parallel ranks (each saw its own micro-batches), so
         # with probes the one all-reduce spans the world and the (identical) gradient norms
-        # are contributed by data-parallel rank 0 only.
-        self.norms_here = probes is None or parallel_state.get_data_parallel_rank() == 0
+        # are contributed by data-parallel rank 0 only (with shards: by every rank).
+        self.norms_here = sharded or probes is None or \
+            parallel_state.get_data_parallel_rank() == 0
         if group is None:
-            if probes is not None:
+            if probes is not None or sharded:
                 group = torch.distributed.group.WORLD
             elif expert_parallel:
                 group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
@@ -56,7 +66,7 @@ class GradStats:
         unit_of = {id(p): u for u in range(self.num_units) for p in registry.local_parameters(u)}
         self.all_params = [p for chunk in model_chunks for p in chunk.parameters()
                            if p.requires_grad]
-        first_ep_rank = not expert_parallel or \
+        first_ep_rank = sharded or not expert_parallel or \
             parallel_state.get_expert_model_parallel_rank() == 0
         self.params = [p for p in self.all_params if param_is_not_tensor_parallel_duplicate(p)
                        and (first_ep_rank or _is_expert_parameter(p))]
@@ -64,8 +74,8 @@ class GradStats:
         self.slots = torch.tensor(slots, dtype=torch.long)
 
     @torch.no_grad()
-    def compute(self, loss_scale: float = 1.0) -> StepGradStats:
-        grads = [_grad(p) for p in self.params] if self.norms_here else []
+    def compute(self, loss_scale: float = 1.0, optimizer=None) -> StepGradStats:
+        grads = self._local_gradients(optimizer) if self.norms_here else []
         # On the device: NCCL reduces device tensors only.
         squared = torch.zeros(self.num_units + 1, dtype=torch.float32, device=run_device())
         if grads:
@@ -83,6 +93,15 @@ class GradStats:
         squared = squared.double().cpu() / (loss_scale**2)
         return StepGradStats(unit_norms=squared[:-1].sqrt().numpy(),
                              total_norm=float(squared.sum().sqrt()), probe_sums=probe_sums)
+
+    def _local_gradients(self, optimizer) -> list[torch.Tensor]:
+        if not self.sharded:
+            return [_grad(p) for p in self.params]
+        if self.shards is None:  # the optimizer is built after the controller
+            self.shards = distributed_optimizer_shards(optimizer)
+        # A parameter outside this rank's shards contributes an empty slice (norm 0).
+        return [_grad(p).view(-1)[slice(*self.shards.get(id(p), (0, 0)))]
+                for p in self.params]
 
     @torch.no_grad()
     def clip_(self, total_norm: float, max_norm: float) -> float:

@@ -48,12 +48,13 @@ class Controller:
     def __init__(self, config: GNMRRunConfig, registry: UnitRegistry,
                  model_chunks: list[torch.nn.Module], plan: PrecisionPlan, group=None,
                  expert_parallel: bool = False, probes=None, seed: int = 0,
-                 clip_grad: float = 0.0, faults=None):
+                 clip_grad: float = 0.0, faults=None, sharded_gradients: bool = False):
         self.config = config
         self.clip_grad = clip_grad
         self.faults = faults  # test-only hooks (training.faults.FaultHooks), or None
         self.registry = registry
-        self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes)
+        self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes,
+                                    sharded=sharded_gradients)
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
         self.signal_names = parse_signals(config.signals)
         self.signal_settings = config.signal_settings(seed)
@@ -80,7 +81,7 @@ class Controller:
         """Step `step`'s statistics -> the decision for step `step + 1`, then clipping and
         megatron's gradient preparation unless something is non-finite. `alarmed`: the
         unit-name prefixes under a firing monitor alarm, for the `monitor` signal."""
-        stats = self.grad_stats.compute(float(optimizer.get_loss_scale()))
+        stats = self.grad_stats.compute(float(optimizer.get_loss_scale()), optimizer)
         decision = self.observe(stats, step, alarmed)
         if self.faults is not None:
             self.faults.corrupt_controller(step, self.policy)

@@ -51,6 +51,10 @@ class AttentionMonitor:
         if (step + self.delta) % self.interval == 0:
             self.snapshot()
 
+    def reads_weights(self, step: int) -> bool:
+        """After `step`: a snapshot or a check."""
+        return (step + self.delta) % self.interval == 0 or step % self.interval == 0
+
     def _geometry(self, attention) -> tuple[int, int]:
         config = attention.config
         heads_per_group = config.num_attention_heads // config.num_query_groups

@@ -80,6 +80,10 @@ class RouterMonitor:
     def after_step(self, step: int) -> None:
         pass
 
+    def reads_weights(self, step: int) -> bool:
+        """After `step`: a check (the router weights' similarity)."""
+        return step % self.interval == 0
+
     @torch.no_grad()
     def measure(self) -> dict[int, dict[str, float]]:
         self.armed = False

@@ -51,6 +51,11 @@ class MonitorSuite:
             monitor.after_step(step)
         return metrics, events
 
+    def reads_weights(self, step: int) -> bool:
+        """Whether `after_step(step)` reads the model's weights (which must then be whole:
+        `training/overlap.py`)."""
+        return any(monitor.reads_weights(step) for monitor in self.monitors.values())
+
     def alarmed(self) -> frozenset[str]:
         """The unit-name prefixes named by every layer alarm that is firing now (the signal
         is still outside its band)."""
@@ -79,6 +84,9 @@ class NoMonitors:
 
     def after_step(self, step: int) -> tuple[dict, list[dict]]:
         return {}, []
+
+    def reads_weights(self, step: int) -> bool:
+        return False
 
     def alarmed(self) -> frozenset[str]:
         return frozenset()

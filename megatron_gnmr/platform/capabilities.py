@@ -88,6 +88,22 @@ def te_recipe(fp8_recipe: str) -> Capability:
     return Capability(bool(available), reason or f"{version}: supported on this GPU")
 
 
+def gradient_accumulation_fusion(te_layers: bool) -> Capability:
+    """Whether weight gradients can be accumulated into `main_grad` inside the GEMM: TE's
+    linears do it themselves; megatron's local linears need apex's CUDA extension
+    `fused_weight_gradient_mlp_cuda`."""
+    if not cuda():
+        return Capability(False, f"the fused accumulation is a CUDA kernel: {cuda().reason}")
+    if te_layers:
+        return transformer_engine()
+    import importlib.util
+
+    if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
+        return Capability(False, "megatron's local linears need apex's "
+                                 "fused_weight_gradient_mlp_cuda extension, not installed")
+    return Capability(True, "apex fused_weight_gradient_mlp_cuda")
+
+
 def report() -> list[tuple[str, Capability]]:
     """Every capability, for `scripts/gpu_check.sh` and the test header."""
     lines = [("cuda", cuda()), ("transformer_engine", transformer_engine())]

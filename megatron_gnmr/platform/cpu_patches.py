@@ -154,6 +154,27 @@ def _patch_rng_tracker() -> None:
     mrandom._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
 
 
+def _patch_recompute() -> None:
+    """Activation recompute re-runs forward code inside the backward of megatron's
+    `CheckpointFunction` / `CheckpointWithoutOutputFunction` (`tensor_parallel/random.py`),
+    where the autograd engine has no torch-function mode active: the causal mask's
+    `device="cuda"` (`utils.get_default_causal_mask`) would reach CUDA. Run those backwards
+    under the CPU rewrite too."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    for name in ("CheckpointFunction", "CheckpointWithoutOutputFunction"):
+        function = getattr(mrandom, name, None)
+        if function is None:
+            continue
+        original = function.backward
+
+        def backward(ctx, *args, _original=original):
+            with CudaToCpuMode():
+                return _original(ctx, *args)
+
+        function.backward = staticmethod(backward)
+
+
 def _patch_moe() -> None:
     """MoE call sites (imported lazily: MoE modules are heavy)."""
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
@@ -196,6 +217,7 @@ def apply_cpu_patches() -> bool:
     audit = device_audit.active()
     _patch_cuda_runtime(audit)
     _patch_rng_tracker()
+    _patch_recompute()
     _patch_moe()
     _DEVICE_MODE = CudaToCpuMode()
     _DEVICE_MODE.__enter__()

@@ -65,11 +65,51 @@ def unit_linear_classes(layer_spec: Any) -> dict[str, type]:
 
 
 def local_layer_spec(num_experts: int | None):
-    """megatron's local (no Transformer Engine) LLaMA layer: RMSNorm, per-expert GEMMs."""
+    """megatron's local (no Transformer Engine) LLaMA layer: RMSNorm, per-expert GEMMs. Where
+    megatron would use its torch-norm wrapper (no apex), the norms are `TorchRMSNorm`, which
+    runs under sequence parallelism too."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False,
+    spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False,
                                     normalization="RMSNorm")
+    layer = submodules_of(spec)
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if _is_torch_norm_wrapper(getattr(layer, name)):
+            setattr(layer, name, TorchRMSNorm)
+    return spec
+
+
+def decoder_block_spec(layer_spec: Any, num_layers: int) -> Any:
+    """The decoder block: `num_layers` of `layer_spec`, and a final norm of the layers' kind.
+    (Given a bare layer spec, megatron picks the final norm by what is installed, its
+    torch-norm wrapper without apex, which refuses sequence parallelism.)"""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    norm = submodules_of(layer_spec).input_layernorm
+    if norm is not TorchRMSNorm:
+        return layer_spec
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * num_layers, layer_norm=norm)
+
+
+def _is_torch_norm_wrapper(node: Any) -> bool:
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    return node is WrappedTorchNorm or getattr(node, "module", None) is WrappedTorchNorm
+
+
+class TorchRMSNorm:
+    """`torch.nn.RMSNorm`, built as megatron builds its norms, that works with sequence
+    parallelism. megatron's `WrappedTorchNorm` asserts `not config.sequence_parallel`; all
+    sequence parallelism asks of a norm is that its weight be marked `sequence_parallel`,
+    so that `finalize_model_grads` sums the weight's gradient over the TP ranks (each saw
+    its own part of the sequence), as TE's and apex's norms do."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **unused):
+        import torch
+
+        norm = torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+        norm.weight.sequence_parallel = config.sequence_parallel
+        return norm
 
 
 def te_layer_spec(num_experts: int | None):
@@ -82,3 +122,25 @@ def te_layer_spec(num_experts: int | None):
 
     return get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts,
                                                       moe_grouped_gemm=False)
+
+
+def distributed_optimizer_parts(optimizer: Any) -> list:
+    """The distributed optimizers inside `optimizer` (megatron chains one per parameter
+    kind: dense, expert), in a fixed order; empty without --use-distributed-optimizer."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return [part for part in getattr(optimizer, "chained_optimizers", [optimizer])
+            if isinstance(part, DistributedOptimizer)]
+
+
+def distributed_optimizer_shards(optimizer: Any) -> dict[int, tuple[int, int]]:
+    """{id(model parameter): (start, end)}: the range of each parameter's flattened gradient
+    that this rank's distributed optimizer owns (after DDP's reduce-scatter, the only range
+    of `main_grad` that holds reduced values). Parameters owned elsewhere are absent.
+    Read from megatron's own map (`_get_model_param_range_map`, 0.16 to 0.19)."""
+    shards = {}
+    for part in distributed_optimizer_parts(optimizer):
+        for param in part.model_param_gbuf_map:
+            owned = part._get_model_param_range_map(param)["param"]
+            shards[id(param)] = (owned.start, owned.end)
+    return shards

@@ -11,6 +11,7 @@ function, which can measure the low path alongside.
 from __future__ import annotations
 
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
 from megatron_gnmr.platform.megatron_compat import replace_unit_linears
 from megatron_gnmr.precision.paths import emulated_linear
@@ -26,10 +27,13 @@ class _PathRoutedLinear:
         probe = runtime.probe_for(self.unit_name) if runtime is not None else None
         if path is None or (path.is_exact and probe is None):
             return super()._forward_impl(input, weight, *args, **kwargs)
-        if kwargs.get("sequence_parallel"):
-            raise NotImplementedError("emulated precision paths do not support sequence "
-                                      "parallelism")
         allreduce_dgrad = bool(kwargs.get("allreduce_dgrad"))
+        if kwargs.get("sequence_parallel"):
+            # A column-parallel linear under sequence parallelism: gather the sequence here
+            # (its backward reduce-scatters the input gradient), then the GEMMs see the whole
+            # input, as with plain TP but without the input-gradient all-reduce.
+            input = gather_from_sequence_parallel_region(input, group=self.tp_group)
+            allreduce_dgrad = False
         if path.kernel == "torchao":
             from megatron_gnmr.precision.torchao_linear import torchao_linear
 

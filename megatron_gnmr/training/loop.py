@@ -16,6 +16,7 @@ work (optimizer, datasets, checkpoint choice), which every rank reaches together
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -51,6 +52,7 @@ from megatron_gnmr.training import checkpoint, run_directory
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.faults import NO_FAULTS, FaultHooks
+from megatron_gnmr.training.overlap import CommunicationOverlap
 from megatron_gnmr.training.plain_step import PlainStep
 from megatron_gnmr.training.resume import RunCheckpoints
 from megatron_gnmr.training.run_state import RunState
@@ -81,7 +83,7 @@ def build_optimizer(config: RunConfig, model_chunks, clip_in_megatron: bool):
         adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=1e-8,
         clip_grad=t.clip_grad if clip_in_megatron else 0.0,
         bf16=t.bf16, params_dtype=torch.bfloat16 if t.bf16 else torch.float32,
-        use_distributed_optimizer=False,
+        use_distributed_optimizer=config.parallel.use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(optimizer_config, model_chunks)
     scheduler = OptimizerParamScheduler(
@@ -117,6 +119,7 @@ class Trainer:
         tconfig = unwrap(self.model[0]).config
         tconfig.finalize_model_grads_func = finalize_model_grads
         tconfig.grad_scale_func = self.optimizer.scale_loss
+        self.overlap = CommunicationOverlap(config.parallel, self.model, tconfig)
         self.eval_iters = t.eval_iters
         train, valid = build_datasets(
             config.data, self.data, config.model.seq_length, t.seed,
@@ -151,7 +154,9 @@ class Trainer:
         self.controller = Controller(
             config.gnmr, registry, self.model, self.plan,
             expert_parallel=bool(config.model.num_experts), probes=probes, seed=t.seed,
-            clip_grad=t.clip_grad, faults=self.faults) if config.gnmr.enabled else PlainStep()
+            clip_grad=t.clip_grad, faults=self.faults,
+            sharded_gradients=config.parallel.use_distributed_optimizer,
+        ) if config.gnmr.enabled else PlainStep()
         self.monitors = MonitorSuite(config.monitor, self.model) if config.monitor.monitors \
             else NoMonitors()
 
@@ -195,6 +200,7 @@ class Trainer:
         applied = outcome.apply and self.optimizer.step_with_ready_grads()
         if applied:  # as megatron: a skipped update does not advance the LR schedule
             self.scheduler.step(increment=1)
+            self.overlap.after_update()
         if outcome.nonfinite:
             self._nonfinite(step + 1, outcome.nonfinite)
         else:
@@ -227,9 +233,11 @@ class Trainer:
         for chunk in self.model:
             chunk.eval()
         total = 0.0
-        for batch_index in range(self.eval_iters):
-            losses = self._forward_backward(self.valid_reader.step_batches(batch_index), True)
-            total += _reduce_loss(losses)
+        with self.overlap.whole_weights():
+            for batch_index in range(self.eval_iters):
+                losses = self._forward_backward(self.valid_reader.step_batches(batch_index),
+                                                True)
+                total += _reduce_loss(losses)
         for chunk in self.model:
             chunk.train()
         loss = total / self.eval_iters
@@ -297,7 +305,9 @@ class Trainer:
         return summary
 
     def _run_monitors(self, step: int) -> None:
-        metrics, alarms = self.monitors.after_step(step)
+        reads = self.monitors.reads_weights(step)
+        with self.overlap.whole_weights() if reads else contextlib.nullcontext():
+            metrics, alarms = self.monitors.after_step(step)
         if metrics:
             self.logger.log(step, metrics)
         for alarm in alarms:

@@ -19,6 +19,7 @@ from megatron_gnmr.data.indexed import dataset_fingerprint
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.consensus import on_every_rank
+from megatron_gnmr.training.optimizer_state import load_optimizer_state, optimizer_state
 from megatron_gnmr.training.resume_contract import check_resume, resume_settings
 
 
@@ -51,9 +52,11 @@ class RunCheckpoints:
             trainer.logger.event(step, "checkpoint_skipped", {"reason": "non-finite loss"})
             return
         trainer.controller.verify_agreement(step)
+        with trainer.overlap.whole_weights():
+            models = [model_state(chunk) for chunk in trainer.model]
         shard = {
-            "model": [model_state(chunk) for chunk in trainer.model],
-            "optimizer": trainer.optimizer.state_dict(),
+            "model": models,
+            "optimizer": optimizer_state(trainer.optimizer),
             "scheduler": trainer.scheduler.state_dict(),
             "rng": checkpoint.rng_state(),
             "run_state": trainer.state.state_dict(),
@@ -95,7 +98,7 @@ class RunCheckpoints:
         try:
             for chunk, state in zip(trainer.model, shard["model"], strict=True):
                 load_model_state(chunk, state)
-            trainer.optimizer.load_state_dict(shard["optimizer"])
+            load_optimizer_state(trainer.optimizer, shard["optimizer"])
             trainer.scheduler.load_state_dict(shard["scheduler"])
             trainer.state.load_state_dict(shard["run_state"])
             trainer.controller.load_state_dict(shard["controller"])

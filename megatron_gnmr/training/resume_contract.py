@@ -18,7 +18,9 @@ from megatron_gnmr.errors import UserError
 
 CONTRACT = {
     "model": None,  # every field
-    "parallel": None,
+    # The layout of saved state; sequence parallelism, overlap and recompute change none.
+    "parallel": ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                 "expert_model_parallel_size", "use_distributed_optimizer"),
     "training": ("bf16", "seed", "global_batch_size", "train_iters", "lr", "min_lr",
                  "lr_warmup_iters", "weight_decay"),
     "data": ("split",),
