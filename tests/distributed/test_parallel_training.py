@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.helpers import TINY, run_batch, trace_records, train_losses
+from tests.helpers import TINY, read_jsonl, run_batch, trace_records, train_losses
 
 STEPS = 12
 COMPARED = 5
@@ -11,8 +11,18 @@ GNMR = ["--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--gnmr-max-o", "2"
         "--gnmr-alpha", "1.2", "--gnmr-beta", "1.1", "--gnmr-agreement-interval", "1"]
 
 
+MONITORS = ["--monitors", "attention", "--monitor-interval", "4", "--monitor-delta", "1"]
 LAYOUTS = {"tp2": ["--tensor-model-parallel-size", "2"], "dp2": [],
-           "pp2": ["--pipeline-model-parallel-size", "2"]}
+           "pp2": ["--pipeline-model-parallel-size", "2"],
+           # sequence parallelism with full activation recompute
+           "tp2_sp_recompute": ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                "--recompute-granularity", "full", "--recompute-method",
+                                "uniform", "--recompute-num-layers", "1"],
+           # the distributed optimizer with both overlaps, two micro-batches per rank (so
+           # the reduction is held back on the first), monitors reading the gathered weights
+           "dp2_distopt_overlap": ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                                   "--overlap-param-gather", "--micro-batch-size", "2",
+                                   "--recompute-granularity", "selective", *MONITORS]}
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +31,13 @@ def runs(tmp_path_factory):
     2-process layouts in one torchrun launch."""
     root = tmp_path_factory.mktemp("layouts")
     common = [*TINY, "--train-iters", str(STEPS), "--eval-interval", "100", *GNMR]
-    run_batch([[*common, "--save", str(root / "tp1")]])
+    run_batch([[*common, *MONITORS, "--save", str(root / "tp1")]])
     run_batch([[*common, *flags, "--save", str(root / name)] for name, flags in
                LAYOUTS.items()], nproc=2)
     return root
 
 
-@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "dp2", "tp2_sp_recompute", "dp2_distopt_overlap"])
 def test_two_process_layout_reproduces_tp1(runs, layout):
     expected, got = train_losses(runs / "tp1"), train_losses(runs / layout)
     assert sorted(got) == list(range(1, STEPS + 1))
@@ -53,3 +63,16 @@ def test_pp2_trains_and_both_stages_decide_the_same(runs):
     norms = np.array([r["norms"] for r in trace_records(runs / "pp2")])
     assert norms.shape == (STEPS, 8)
     assert np.all(np.isfinite(norms)) and np.all(norms > 0)  # layer 1 lives on stage 1
+
+
+def test_overlapped_weight_gathers_complete_before_the_monitor_reads(runs):
+    """With --overlap-param-gather a rank holds only its shard of the new weights until the
+    next forward gathers the rest; the attention monitor reads whole weights between steps,
+    so a missed gather would show as a different spectrum."""
+    def monitors(run):
+        return {(r["step"], k): v for r in read_jsonl(run / "metrics.jsonl")
+                for k, v in r.items() if k.startswith("monitor/attention")}
+    expected, got = monitors(runs / "tp1"), monitors(runs / "dp2_distopt_overlap")
+    assert expected and got.keys() == expected.keys()
+    np.testing.assert_allclose([got[k] for k in sorted(got)],
+                               [expected[k] for k in sorted(expected)], rtol=1e-3)
