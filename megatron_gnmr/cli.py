@@ -1,5 +1,5 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
-compare-alarms, compare-signals)."""
+compare-alarms, compare-signals, estimate-memory)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_known_warnings()
     from megatron_gnmr.arguments import OneLineErrorParser
     from megatron_gnmr.controller import replay
+    from megatron_gnmr import estimate
     from megatron_gnmr.data import prepare
     from megatron_gnmr.experiments import alarm_comparison, runner, signal_comparison
     from megatron_gnmr.observe import report
@@ -29,11 +30,17 @@ def main(argv: list[str] | None = None) -> None:
         ("reproduce", runner, "run one of the paper's scenarios and write its results table"),
         ("compare-alarms", alarm_comparison, "every alarm detector on a fault scenario's runs"),
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
+        ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    # estimate-memory passes every flag it does not know on to pretrain's parser
+    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if hasattr(args, "flags"):
+        args.flags = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.run(args)
 
 

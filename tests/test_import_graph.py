@@ -18,7 +18,7 @@ LAYERS = [
     {"config"},
     {"model"},
     {"training"},
-    {"arguments", "input_files", "validation", "experiments"},
+    {"arguments", "input_files", "validation", "experiments", "estimate"},
     {"cli"},
 ]
 __doc__ += "\n".join(f"{rank}: {', '.join(sorted(names))}" for rank, names in enumerate(LAYERS))

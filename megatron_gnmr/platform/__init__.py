@@ -14,5 +14,11 @@ def quiet_known_warnings() -> None:
 
     for pattern in (r".*(Apex|Transformer Engine and Apex) (is|are) not installed",
                     r"full scope is deprecated",
-                    r"When using async grad allreduce it is recommended"):  # CUDA-only advice
+                    r"When using async grad allreduce it is recommended",  # CUDA-only advice
+                    r"When using sequence parallelism it is recommended",  # CUDA-only advice
+                    # selective recompute: advice for TE's fused attention, said every build
+                    r"If you are using transformer_engine as the transformer implementation",
+                    # torch 2.13 renames collectives that megatron-core still calls
+                    r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` "
+                    r"is deprecated"):
         warnings.filterwarnings("ignore", message=pattern)

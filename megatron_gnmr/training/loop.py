@@ -52,6 +52,8 @@ from megatron_gnmr.training import checkpoint, run_directory
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.faults import NO_FAULTS, FaultHooks
+from megatron_gnmr.training.memory_estimate import GIB
+from megatron_gnmr.training.memory_estimate import estimate as estimate_memory
 from megatron_gnmr.training.overlap import CommunicationOverlap
 from megatron_gnmr.training.plain_step import PlainStep
 from megatron_gnmr.training.resume import RunCheckpoints
@@ -314,6 +316,11 @@ class Trainer:
             self.logger.event(step, "alarm", alarm)
 
     def _announce(self) -> None:
+        memory = estimate_memory(self.config, torch.distributed.get_world_size())
+        self.logger.event(self.state.step, "memory_estimate", {
+            "layout": memory.note, **{f"{name}_GiB": round(getattr(memory, name) / GIB, 2)
+                                      for name in ("weights", "gradients", "optimizer",
+                                                   "activations", "total")}})
         params = count_parameters(self.model)
         self.logger.event(self.state.step, "start", {
             "parameters_on_rank0": params,
