@@ -138,9 +138,10 @@ class TrainingConfig:
     inject_nonfinite: Optional[str] = None
     """Test only: STEP:UNIT[,...] puts a NaN into that unit's gradient at that step."""
     recompute_granularity: Optional[str] = None
-    """Activation recompute: `selective` (core attention only: cheap, saves the attention
-    scores) or `full` (whole layers, with --recompute-method); None: off. --gnmr: unchanged
-    (recompute replays the same path, so the backward sees its forward's precision)."""
+    """Activation recompute: `selective` (core attention is recomputed in the backward, so
+    its heads x seq^2 scores are never stored; cheap) or `full` (whole layers, with
+    --recompute-method); None: off. --gnmr: unchanged (a recomputed forward runs the same
+    precision path, so the backward still sees its forward's precision)."""
     recompute_method: Optional[str] = None
     """Full recompute: `uniform` (chunks of --recompute-num-layers layers) or `block` (the
     first --recompute-num-layers layers of each pipeline stage)."""
@@ -150,8 +151,8 @@ class TrainingConfig:
     """Accumulate weight gradients into main_grad inside the GEMM (GPU with apex/TE only;
     not with emulated or switchable precision, whose weight gradient is its own GEMM)."""
     attention_backend: str = "auto"
-    """Core attention: auto, flash, fused, unfused (Transformer Engine's kernels: flash and
-    fused need --precision-recipe te-fp8 or a TE layer spec) or local (megatron's own)."""
+    """Core attention: auto, flash, fused, unfused (Transformer Engine's kernels, in the TE
+    layers of --precision-recipe te-fp8) or local (megatron's own)."""
     use_flash_attn: bool = False
     """Megatron's older spelling of --attention-backend flash."""
     emulated_attention: bool = False
