@@ -110,8 +110,7 @@ def layer_spec(config: RunConfig):
 def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: int) -> GPTModel:
     return GPTModel(
         config=tconfig,
-        transformer_layer_spec=megatron_compat.decoder_block_spec(layer_spec(config),
-                                                                  config.model.num_layers),
+        transformer_layer_spec=megatron_compat.decoder_block_spec(layer_spec(config), tconfig),
         vocab_size=vocab_size,
         max_sequence_length=config.model.seq_length,
         pre_process=parallel_state.is_pipeline_first_stage(),

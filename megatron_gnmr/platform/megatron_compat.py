@@ -79,16 +79,20 @@ def local_layer_spec(num_experts: int | None):
     return spec
 
 
-def decoder_block_spec(layer_spec: Any, num_layers: int) -> Any:
-    """The decoder block: `num_layers` of `layer_spec`, and a final norm of the layers' kind.
-    (Given a bare layer spec, megatron picks the final norm by what is installed, its
-    torch-norm wrapper without apex, which refuses sequence parallelism.)"""
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+def decoder_block_spec(layer_spec: Any, transformer_config: Any) -> Any:
+    """The decoder block of this pipeline stage: its layers of `layer_spec` and a final norm
+    of the layers' kind. (Given a bare layer spec, megatron picks the final norm by what is
+    installed: its torch-norm wrapper without apex, which refuses sequence parallelism.)"""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
 
     norm = submodules_of(layer_spec).input_layernorm
     if norm is not TorchRMSNorm:
         return layer_spec
-    return TransformerBlockSubmodules(layer_specs=[layer_spec] * num_layers, layer_norm=norm)
+    layers = get_num_layers_to_build(transformer_config)  # this stage's, as megatron counts
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * layers, layer_norm=norm)
 
 
 def _is_torch_norm_wrapper(node: Any) -> bool:
