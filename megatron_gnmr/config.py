@@ -50,7 +50,23 @@ class ModelConfig:
     moe_router_topk: int = limit(2, ge=1)
     """MoE: experts per token."""
     moe_aux_loss_coeff: float = limit(1e-2, ge=0)
-    """MoE: load-balancing loss weight."""
+    """MoE: load-balancing loss weight (0: no auxiliary loss)."""
+    moe_ffn_hidden_size: Optional[int] = limit(None, ge=1)
+    """MoE: each routed expert's inner width (None: --ffn-hidden-size). Fine-grained experts
+    (DeepSeek) are narrower than a dense FFN."""
+    moe_shared_expert_intermediate_size: Optional[int] = limit(None, ge=1)
+    """MoE: inner width of the shared expert every token goes through (None: no shared
+    expert). --gnmr: its fc1/fc2 are units too (`layers.L.mlp.shared_experts.linear_fc1`)."""
+    moe_router_score_function: str = "softmax"
+    """MoE: router scores, softmax or sigmoid (DeepSeek-V3: sigmoid, the gates normalised
+    over the chosen experts)."""
+    moe_router_enable_expert_bias: bool = False
+    """MoE: DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to the
+    scores for the choice only, nudged after each step towards an even load."""
+    moe_router_bias_update_rate: float = limit(1e-3, ge=0)
+    """MoE: how far the expert bias moves per step (megatron's default)."""
+    moe_router_load_balancing_type: str = "aux_loss"
+    """MoE: aux_loss, seq_aux_loss or none (with --moe-router-enable-expert-bias: none)."""
 
     def __post_init__(self) -> None:
         check_limits(self, "model")

@@ -84,10 +84,17 @@ def _moe_fields(config: RunConfig) -> dict:
         "num_moe_experts": m.num_experts,
         "moe_router_topk": m.moe_router_topk,
         "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
-        "moe_router_load_balancing_type": "aux_loss",
+        "moe_router_load_balancing_type": m.moe_router_load_balancing_type,
+        "moe_router_score_function": m.moe_router_score_function,
+        "moe_router_enable_expert_bias": m.moe_router_enable_expert_bias,
+        "moe_router_bias_update_rate": m.moe_router_bias_update_rate,
+        # The router's GEMM and scores in fp32 whatever the run's precision (DeepSeek-V3
+        # keeps the gating in high precision; it is never a unit, so no recipe reaches it).
+        "moe_router_dtype": "fp32",
+        "moe_shared_expert_intermediate_size": m.moe_shared_expert_intermediate_size,
         "moe_token_dispatcher_type": "alltoall",
         "moe_grouped_gemm": False,
-        "moe_ffn_hidden_size": m.ffn_hidden_size,
+        "moe_ffn_hidden_size": m.moe_ffn_hidden_size or m.ffn_hidden_size,
         "expert_model_parallel_size": config.parallel.expert_model_parallel_size,
     }
 
@@ -108,7 +115,7 @@ def layer_spec(config: RunConfig):
 
 
 def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: int) -> GPTModel:
-    return GPTModel(
+    model = GPTModel(
         config=tconfig,
         transformer_layer_spec=megatron_compat.decoder_block_spec(layer_spec(config), tconfig),
         vocab_size=vocab_size,
@@ -119,6 +126,11 @@ def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: i
         position_embedding_type="rope",
         rotary_base=config.model.rotary_base,
     )
+    if config.precision.moe_dispatch_quant:
+        from megatron_gnmr.precision.dispatch import install_dispatch_quantization
+
+        install_dispatch_quantization([model])
+    return model
 
 
 def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:

@@ -171,6 +171,15 @@ def validate_precision(config: RunConfig) -> None:
     if precision.act_quant_granularity not in ("tensor", "row", "tile"):
         raise UserError("--act-quant-granularity must be tensor, row or tile")
     build_recipe(precision)  # raises a UserError naming the flag
+    if precision.moe_dispatch_quant:
+        from megatron_gnmr.precision.dispatch import DISPATCH_RECIPES
+
+        if not config.model.num_experts:
+            raise UserError("--moe-dispatch-quant needs an MoE model (--num-experts N)")
+        if precision.precision_recipe not in DISPATCH_RECIPES:
+            raise UserError(f"--moe-dispatch-quant needs --precision-recipe "
+                            f"{' or '.join(DISPATCH_RECIPES)} (the recipes that quantize GEMM "
+                            f"inputs), not {precision.precision_recipe}")
     if backend(precision).validate is not None:
         backend(precision).validate(config)
 
@@ -223,6 +232,7 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
     if m.num_experts % ep:
         raise UserError(f"--expert-model-parallel-size {ep} must divide --num-experts "
                         f"{m.num_experts}")
+    _validate_router(m)
     if p.tensor_model_parallel_size != 1 and not p.sequence_parallel:
         raise UserError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
                         "(megatron-core requires it)")
@@ -236,13 +246,31 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
                         f"--num-experts is not supported yet ({able} are)")
 
 
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "none")
+
+
+def _validate_router(m) -> None:
+    if m.moe_router_score_function not in ROUTER_SCORE_FUNCTIONS:
+        raise UserError(f"--moe-router-score-function {m.moe_router_score_function!r}: use "
+                        f"one of {', '.join(ROUTER_SCORE_FUNCTIONS)}")
+    if m.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
+        raise UserError(f"--moe-router-load-balancing-type "
+                        f"{m.moe_router_load_balancing_type!r}: use one of "
+                        f"{', '.join(LOAD_BALANCING_TYPES)}")
+    if m.moe_router_enable_expert_bias and m.moe_router_score_function != "sigmoid":
+        raise UserError("--moe-router-enable-expert-bias needs --moe-router-score-function "
+                        "sigmoid (megatron's auxiliary-loss-free balancing is defined on "
+                        "sigmoid scores)")
+
+
 def validate_controller(config: RunConfig) -> None:
     m, t, gnmr = config.model, config.training, config.gnmr
     if t.inject_nonfinite:
-        from megatron_gnmr.controller.units import canonical_unit_names
+        from megatron_gnmr.controller.units import model_unit_names
         from megatron_gnmr.training.faults import parse_injections
 
-        known = set(canonical_unit_names(m.num_layers, m.num_experts))
+        known = set(model_unit_names(m))
         for units in parse_injections(t.inject_nonfinite).values():
             for unit in units:
                 if unit not in known:
@@ -258,7 +286,8 @@ def validate_controller(config: RunConfig) -> None:
         return
     from megatron_gnmr.controller.units import eligible_unit_names
 
-    eligible_unit_names(m.num_layers, gnmr.units, m.num_experts)  # raises if it matches none
+    eligible_unit_names(m.num_layers, gnmr.units, m.num_experts,  # raises if it matches none
+                        bool(m.moe_shared_expert_intermediate_size))
     probed = gnmr.probed()
     from megatron_gnmr.precision.backends import BACKENDS, backend
 

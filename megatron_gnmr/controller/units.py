@@ -8,7 +8,8 @@ other pipeline stages (or, for experts, other expert-parallel ranks) map to noth
 contribute zero to the statistics.
 
 MoE layers: one unit per expert per fc1/fc2 (`layers.{l}.mlp.experts.{e}.linear_fc1`, with the
-global expert index e), after the layer's two attention units. Per-expert units keep the
+global expert index e), after the layer's two attention units and its shared expert's two
+(`layers.{l}.mlp.shared_experts.linear_fc1`, if the model has one). Per-expert units keep the
 budget meaningful at DeepSeek-V3 scale (256 experts x 61 layers x 2 = 31k units) and let one
 hot expert be recovered without its 255 neighbours.
 """
@@ -33,25 +34,36 @@ ATTENTION_UNIT_SUFFIXES = ("self_attention.linear_qkv", "self_attention.linear_p
 DENSE_UNIT_SUFFIXES = (*ATTENTION_UNIT_SUFFIXES, "mlp.linear_fc1", "mlp.linear_fc2")
 
 
-def layer_unit_suffixes(num_experts: int | None = None) -> tuple[str, ...]:
+def layer_unit_suffixes(num_experts: int | None = None,
+                        shared_experts: bool = False) -> tuple[str, ...]:
     if not num_experts:
         return DENSE_UNIT_SUFFIXES
-    return (*ATTENTION_UNIT_SUFFIXES, *(f"mlp.experts.{expert}.linear_fc{i}"
-                                        for expert in range(num_experts) for i in (1, 2)))
+    shared = (tuple(f"mlp.shared_experts.linear_fc{i}" for i in (1, 2)) if shared_experts
+              else ())
+    return (*ATTENTION_UNIT_SUFFIXES, *shared,
+            *(f"mlp.experts.{expert}.linear_fc{i}" for expert in range(num_experts)
+              for i in (1, 2)))
 
 
-def canonical_unit_names(num_layers: int, num_experts: int | None = None) -> list[str]:
+def canonical_unit_names(num_layers: int, num_experts: int | None = None,
+                         shared_experts: bool = False) -> list[str]:
     return [f"layers.{layer}.{suffix}" for layer in range(num_layers)
-            for suffix in layer_unit_suffixes(num_experts)]
+            for suffix in layer_unit_suffixes(num_experts, shared_experts)]
 
 
-def eligible_unit_names(num_layers: int, pattern: str,
-                        num_experts: int | None = None) -> list[str]:
+def model_unit_names(model) -> list[str]:
+    """Every unit of a `ModelConfig`'s model, in canonical order."""
+    return canonical_unit_names(model.num_layers, model.num_experts,
+                                bool(model.moe_shared_expert_intermediate_size))
+
+
+def eligible_unit_names(num_layers: int, pattern: str, num_experts: int | None = None,
+                        shared_experts: bool = False) -> list[str]:
     try:
         regex = re.compile(pattern)
     except re.error as error:
         raise UserError(f"--gnmr-units {pattern!r}: not a valid regex ({error})") from None
-    names = [name for name in canonical_unit_names(num_layers, num_experts)
+    names = [name for name in canonical_unit_names(num_layers, num_experts, shared_experts)
              if regex.search(name)]
     if not names:
         raise UserError(f"--gnmr-units {pattern!r} matches no unit (names look like "
@@ -98,16 +110,17 @@ def _unit_module(layer: torch.nn.Module, suffix: str) -> torch.nn.Module | None:
 
 
 def build_registry(model_chunks: list[torch.nn.Module], num_layers: int, pattern: str,
-                   num_experts: int | None = None) -> UnitRegistry:
+                   num_experts: int | None = None, shared_experts: bool = False) -> UnitRegistry:
     """Find this rank's modules for every eligible unit."""
-    registry = UnitRegistry(eligible_unit_names(num_layers, pattern, num_experts))
+    registry = UnitRegistry(eligible_unit_names(num_layers, pattern, num_experts,
+                                                shared_experts))
     position = {name: i for i, name in enumerate(registry.names)}
     for chunk in model_chunks:
         for module in chunk.modules():
             layer_number = getattr(module, "layer_number", None)
             if layer_number is None or not hasattr(module, "mlp"):
                 continue  # not a TransformerLayer
-            for suffix in layer_unit_suffixes(num_experts):
+            for suffix in layer_unit_suffixes(num_experts, shared_experts):
                 name = f"layers.{layer_number - 1}.{suffix}"
                 if name in position:
                     unit_module = _unit_module(module, suffix)
@@ -117,7 +130,7 @@ def build_registry(model_chunks: list[torch.nn.Module], num_layers: int, pattern
 
 
 def local_unit_modules(model_chunks: list[torch.nn.Module], num_layers: int,
-                       num_experts: int | None = None) -> dict:
+                       num_experts: int | None = None, shared_experts: bool = False) -> dict:
     """Every unit (eligible or not) that lives on this rank, by name."""
-    registry = build_registry(model_chunks, num_layers, pattern=".", num_experts=num_experts)
+    registry = build_registry(model_chunks, num_layers, ".", num_experts, shared_experts)
     return {registry.names[index]: module for index, module in registry.modules.items()}

@@ -40,8 +40,9 @@ FAMILIES = {
     "attention": Family(_attention, {"H_D2_mean": -1, "H_dWq": -1, "H_dWk": -1},
                         lambda layer: f"layers.{layer}.self_attention."),
     # Routing collapses: entropy falls, router rows align, load concentrates (SPEC 7.2).
+    # A balancing bias that runs away (DeepSeek routers) is balancing losing to the router.
     "router": Family(_router, {"entropy_mean": -1, "weight_similarity": +1,
-                               "load_max_over_mean": +1},
+                               "load_max_over_mean": +1, "expert_bias_spread": +1},
                      lambda layer: f"layers.{layer}.mlp.", needs_experts=True),
 }
 

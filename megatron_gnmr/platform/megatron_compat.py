@@ -4,7 +4,7 @@ Supported: 0.16.1 (the newest for Python 3.11) and 0.19.x (what Python 3.12 clus
 Nothing outside this module may branch on megatron's version.
 
 Layer specs. The unit linears (`linear_qkv`, `linear_proj`, `linear_fc1`, `linear_fc2`, and
-each expert's fc1/fc2) are swapped in a megatron layer spec for the project's path-routed
+each routed or shared expert's fc1/fc2) are swapped in a megatron layer spec for the project's path-routed
 subclasses. Up to 0.17 every node of a spec is a `ModuleSpec(module, submodules)`; from 0.18
 the MLP and MoE nodes are builders, `functools.partial(MLP.as_mlp_submodule,
 submodules=MLPSubmodules(...))` and `partial(MoELayer, submodules=MoESubmodules(...))`, whose
@@ -37,6 +37,15 @@ def mlp_submodules(layer_spec: Any) -> Any:
     return submodules_of(experts) if experts is not None else mlp
 
 
+def shared_expert_submodules(layer_spec: Any) -> Any:
+    """The MLPSubmodules of an MoE layer spec's shared expert (None: a dense layer). The spec
+    always has one; megatron builds it only if `moe_shared_expert_intermediate_size` is
+    set."""
+    mlp = submodules_of(submodules_of(layer_spec).mlp)
+    shared = getattr(mlp, "shared_experts", None)
+    return submodules_of(shared) if shared is not None else None
+
+
 def attention_submodules(layer_spec: Any) -> Any:
     return submodules_of(submodules_of(layer_spec).self_attention)
 
@@ -49,10 +58,11 @@ def replace_unit_linears(layer_spec: Any, replacements: dict[str, type]) -> Any:
     for name in ("linear_qkv", "linear_proj"):
         if name in replacements:
             setattr(attention, name, replacements[name])
-    mlp = mlp_submodules(spec)
-    for name in ("linear_fc1", "linear_fc2"):
-        if name in replacements:
-            setattr(mlp, name, replacements[name])
+    mlps = [mlp_submodules(spec), shared_expert_submodules(spec)]
+    for mlp in (mlp for mlp in mlps if mlp is not None):
+        for name in ("linear_fc1", "linear_fc2"):
+            if name in replacements:
+                setattr(mlp, name, replacements[name])
     return spec
 
 

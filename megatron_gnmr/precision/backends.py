@@ -60,9 +60,9 @@ def _torchao_validate(config):
 
 BACKENDS = {
     "none": Backend(recipe=None, probes=False, experts=True),
-    "fp8-emulated": Backend(recipes.fp8_emulated),
-    "deepseek": Backend(recipes.deepseek),
-    "act-quant": Backend(recipes.act_quant),
+    "fp8-emulated": Backend(recipes.fp8_emulated, experts=True),
+    "deepseek": Backend(recipes.deepseek, experts=True),
+    "act-quant": Backend(recipes.act_quant, experts=True),
     "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate),
     # Our --fp8-format / --fp8-recipe values are megatron's own.
     "te-fp8": Backend(recipe=None, layer_spec=_te_spec, validate=_te_validate,

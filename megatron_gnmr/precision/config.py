@@ -24,3 +24,8 @@ class PrecisionConfig:
     """act-quant: bits on the recovery path (8, or 16 for exact)."""
     act_quant_granularity: str = "tensor"
     """act-quant scale granularity: tensor, row, tile."""
+    moe_dispatch_quant: bool = False
+    """MoE (fp8-emulated, deepseek): quantize the tokens before the expert dispatch, as
+    DeepSeek-V3 does (E4M3, 1x128 tiles, power-of-two scales; gradients go back unrounded,
+    the combine stays in the run's precision). Every routed expert then sees these tokens,
+    on either path; the router and the shared expert see the unquantized ones."""

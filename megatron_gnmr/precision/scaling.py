@@ -63,6 +63,8 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax_group=None) -> torch.Tensor:
 
 def _quantize(xf: torch.Tensor, spec: QuantSpec, fmt: Format, amax_group):
     """The quantized float32 tensor, or None if an amax is not finite."""
+    if xf.numel() == 0 and spec.granularity != "tensor":
+        return xf  # nothing to round (an expert without tokens); no collective to join
     if spec.granularity == "tensor":
         amax = _amax(xf)
         if amax_group is not None and torch.distributed.get_world_size(amax_group) > 1:
@@ -85,6 +87,8 @@ def _amax(x: torch.Tensor, dim: int | tuple[int, ...] = ()) -> torch.Tensor:
     -min: one or two reductions cost less than a |x| copy (torch.aminmax is the fastest over
     a whole tensor and the slowest over a dim)."""
     if not dim:
+        if x.numel() == 0:  # an expert that received no tokens: scale 1 (and join the MAX)
+            return x.new_zeros(())
         low, high = torch.aminmax(x)
         return torch.maximum(high, low.neg_())
     return torch.maximum(x.amax(dim=dim, keepdim=True), x.amin(dim=dim, keepdim=True).neg_())

@@ -142,10 +142,11 @@ class Trainer:
         self.model = build_model(config, self.data.tokenizer.vocab_size)
         self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
                                   and not config.gnmr.enabled)
-        units_here = local_unit_modules(self.model, config.model.num_layers,
-                                        config.model.num_experts)
-        registry = build_registry(self.model, config.model.num_layers, config.gnmr.units,
-                                  config.model.num_experts) if config.gnmr.enabled else None
+        m = config.model
+        shared = bool(m.moe_shared_expert_intermediate_size)
+        units_here = local_unit_modules(self.model, m.num_layers, m.num_experts, shared)
+        registry = build_registry(self.model, m.num_layers, config.gnmr.units, m.num_experts,
+                                  shared) if config.gnmr.enabled else None
         probes = build_probes(config, registry)
         bind_precision(units_here, config, self.plan, probes)
         self.faults = FaultHooks(t.inject_nonfinite, units_here, from_environment=True)
