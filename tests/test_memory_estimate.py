@@ -28,8 +28,13 @@ def world_of_one():
 
 
 @pytest.mark.parametrize("flags", [[], ["--num-query-groups", "1"],
-                                   ["--num-experts", "4", "--moe-router-topk", "2"]],
-                         ids=["dense", "mqa", "moe"])
+                                   ["--num-experts", "4", "--moe-router-topk", "2"],
+                                   ["--num-experts", "8", "--moe-router-topk", "2",
+                                    "--moe-ffn-hidden-size", "48",
+                                    "--moe-shared-expert-intermediate-size", "80",
+                                    "--moe-router-score-function", "sigmoid",
+                                    "--moe-router-enable-expert-bias"]],
+                         ids=["dense", "mqa", "moe", "deepseek_moe"])
 def test_parameters_equal_the_built_model(world_of_one, flags):
     from megatron_gnmr.model import build_model, count_parameters
 

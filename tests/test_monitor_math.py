@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from megatron_gnmr.monitors.qkv_layout import split_qkv
-from megatron_gnmr.monitors.router_stats import conditioning_ratio, routing_entropy, \
-    weight_similarity
+from megatron_gnmr.monitors.router_stats import bias_spread, conditioning_ratio, gate_entropy, \
+    routing_entropy, weight_similarity
 from megatron_gnmr.monitors.spectra import d2_singular_values, d3_singular_values, \
     spectral_entropy
 
@@ -76,3 +76,23 @@ def test_router_statistics_against_brute_force():
     probabilities = torch.softmax(logits.double(), dim=-1).numpy()
     reference = -(probabilities * np.log(probabilities)).sum(axis=1) / np.log(8)
     np.testing.assert_allclose(routing_entropy(logits).numpy(), reference, rtol=1e-5)
+
+
+def test_deepseek_router_statistics_against_hand_computed_values():
+    """Sigmoid scores normalised over all experts; the gates over the chosen experts."""
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [2.0, -1.0, 0.5, 3.0]])
+    scores = 1 / (1 + np.exp(-logits.double().numpy()))
+    p = scores / scores.sum(axis=1, keepdims=True)
+    reference = -(p * np.log(p)).sum(axis=1) / np.log(4)
+    np.testing.assert_allclose(routing_entropy(logits, "sigmoid").numpy(), reference, rtol=1e-6)
+    assert routing_entropy(logits, "sigmoid")[0] == pytest.approx(1.0)  # uniform scores
+
+    # token 0: gates 0.5 / 0.5 -> entropy log 2 / log 2 = 1; token 1: 0.9 / 0.1
+    probs = torch.tensor([[0.5, 0.0, 0.5, 0.0], [0.0, 0.9, 0.0, 0.1]])
+    routing_map = probs > 0
+    expected = [1.0, -(0.9 * math.log(0.9) + 0.1 * math.log(0.1)) / math.log(2)]
+    np.testing.assert_allclose(gate_entropy(probs, routing_map).numpy(), expected, rtol=1e-6)
+    # DeepSeek's gates carry a scaling factor: the entropy is of the normalised gates
+    np.testing.assert_allclose(gate_entropy(2.5 * probs, routing_map).numpy(), expected,
+                               rtol=1e-6)
+    assert bias_spread(torch.tensor([0.01, -0.02, 0.005])) == pytest.approx(0.03)

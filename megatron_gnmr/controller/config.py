@@ -116,7 +116,7 @@ class GNMRRunConfig(GNMRConfig):
     enabled: bool = False
     """Turn the GNMR controller on (flag: --gnmr)."""
     units: str = (r"layers\.\d+\.(self_attention\.linear_(qkv|proj)"
-                  r"|mlp\.(experts\.\d+\.)?linear_fc[12])$")
+                  r"|mlp\.(experts\.\d+\.|shared_experts\.)?linear_fc[12])$")
     """Regex over unit names selecting the eligible units (default: all decoder linears)."""
     nonfinite: str = "skip"
     """On a NaN/Inf gradient: `skip` the optimizer step, or `raise` (stop, keep checkpoint)."""

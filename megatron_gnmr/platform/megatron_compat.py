@@ -77,16 +77,31 @@ def unit_linear_classes(layer_spec: Any) -> dict[str, type]:
 def local_layer_spec(num_experts: int | None):
     """megatron's local (no Transformer Engine) LLaMA layer: RMSNorm, per-expert GEMMs. Where
     megatron would use its torch-norm wrapper (no apex), the norms are `TorchRMSNorm`, which
-    runs under sequence parallelism too."""
+    runs under sequence parallelism too; the routed experts start from the same weights in
+    every expert-parallel layout (`expert_init.py`)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False,
                                     normalization="RMSNorm")
     layer = submodules_of(spec)
+    if num_experts:
+        from megatron_gnmr.platform.expert_init import LayoutInvariantSequentialMLP
+
+        moe = submodules_of(layer.mlp)
+        moe.experts = _built_from(moe.experts, LayoutInvariantSequentialMLP)
     for name in ("input_layernorm", "pre_mlp_layernorm"):
         if _is_torch_norm_wrapper(getattr(layer, name)):
             setattr(layer, name, TorchRMSNorm)
     return spec
+
+
+def _built_from(node: Any, module: type) -> Any:
+    """A spec node building `module` instead, with the same submodules (either form)."""
+    if isinstance(node, functools.partial):
+        return functools.partial(module, *node.args, **node.keywords)
+    node = copy.copy(node)
+    node.module = module
+    return node
 
 
 def decoder_block_spec(layer_spec: Any, transformer_config: Any) -> Any:

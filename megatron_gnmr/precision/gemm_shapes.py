@@ -38,10 +38,17 @@ def unit_gemms(config) -> list[UnitGemm]:
         UnitGemm("linear_proj", tokens, m.hidden_size // tp, m.hidden_size),
     ]
     if m.num_experts:
-        # megatron's experts use expert tensor parallelism 1 here (TP 1 with MoE).
-        return gemms + [UnitGemm("experts.linear_fc1", None, m.hidden_size,
-                                 2 * m.ffn_hidden_size),
-                        UnitGemm("experts.linear_fc2", None, m.ffn_hidden_size, m.hidden_size)]
+        # Routed experts see a varying number of tokens (None: not checked); megatron splits
+        # them over the expert tensor-parallel group (the TP group by default).
+        expert = m.moe_ffn_hidden_size or m.ffn_hidden_size
+        gemms += [UnitGemm("experts.linear_fc1", None, m.hidden_size, 2 * expert // tp),
+                  UnitGemm("experts.linear_fc2", None, expert // tp, m.hidden_size)]
+        shared = m.moe_shared_expert_intermediate_size
+        if shared:
+            gemms += [UnitGemm("shared_experts.linear_fc1", tokens, m.hidden_size,
+                               2 * shared // tp),
+                      UnitGemm("shared_experts.linear_fc2", tokens, shared // tp, m.hidden_size)]
+        return gemms
     return gemms + [UnitGemm("linear_fc1", tokens, m.hidden_size, 2 * m.ffn_hidden_size // tp),
                     UnitGemm("linear_fc2", tokens, m.ffn_hidden_size // tp, m.hidden_size)]
 

@@ -90,8 +90,9 @@ def _parameters_per_rank(config) -> tuple[int, int]:
     norms = 2 * h
     layers = m.num_layers // pp
     if m.num_experts:
-        mlp = h * m.num_experts  # the router (replicated)
-        experts = layers * (m.num_experts // ep) * 3 * h * f // tp
+        shared = m.moe_shared_expert_intermediate_size or 0
+        mlp = h * m.num_experts + 3 * h * shared // tp  # the router and the shared expert
+        experts = layers * (m.num_experts // ep) * 3 * h * (m.moe_ffn_hidden_size or f) // tp
     else:
         mlp, experts = 3 * h * f // tp, 0
     stage = layers * (attention + norms + mlp)
@@ -109,11 +110,13 @@ def _activations(config, in_flight: int) -> tuple[float, str]:
     heads = m.num_attention_heads
     kv = (m.num_query_groups or heads) * (h // heads)
     tokens, size = s * b, (2 if t.bf16 else 4)
-    topk = m.moe_router_topk if m.num_experts else 1
+    # SwiGLU widths a token goes through: its k experts' and the shared expert's
+    mlp_width = (m.moe_router_topk * (m.moe_ffn_hidden_size or f)
+                 + (m.moe_shared_expert_intermediate_size or 0)) if m.num_experts else f
     split_sequence = tp if p.sequence_parallel else 1
     replicated = tokens * size * 4 * h / split_sequence
     softmax = heads * s * s * b * size / tp
-    split = tokens * size * ((h + 2 * kv) + h + 4 * f * topk) / tp
+    split = tokens * size * ((h + 2 * kv) + h + 4 * mlp_width) / tp
     layer = replicated + split + softmax
     layers = m.num_layers // pp
     recomputing = 0.0  # one layer's activations while full recompute rebuilds it
