@@ -54,6 +54,9 @@ class ModelConfig:
     moe_ffn_hidden_size: Optional[int] = limit(None, ge=1)
     """MoE: each routed expert's inner width (None: --ffn-hidden-size). Fine-grained experts
     (DeepSeek) are narrower than a dense FFN."""
+    moe_first_dense_layers: int = limit(0, ge=0)
+    """MoE: the first N decoder layers keep a dense SwiGLU MLP (--ffn-hidden-size), as
+    DeepSeek's first_k_dense_replace; megatron's --moe-layer-freq [0]*N+[1]*(L-N)."""
     moe_shared_expert_intermediate_size: Optional[int] = limit(None, ge=1)
     """MoE: inner width of the shared expert every token goes through (None: no shared
     expert). --gnmr: its fc1/fc2 are units too (`layers.L.mlp.shared_experts.linear_fc1`)."""

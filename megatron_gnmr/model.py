@@ -82,6 +82,8 @@ def _moe_fields(config: RunConfig) -> dict:
         return {}
     return {
         "num_moe_experts": m.num_experts,
+        "moe_layer_freq": [0] * m.moe_first_dense_layers + [1] * (m.num_layers
+                                                                 - m.moe_first_dense_layers),
         "moe_router_topk": m.moe_router_topk,
         "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
         "moe_router_load_balancing_type": m.moe_router_load_balancing_type,
@@ -99,11 +101,23 @@ def _moe_fields(config: RunConfig) -> dict:
     }
 
 
-def layer_spec(config: RunConfig):
+def layer_specs(config: RunConfig) -> list:
+    """One layer spec per decoder layer: dense for the first --moe-first-dense-layers of an
+    MoE model, MoE for the rest."""
+    m = config.model
+    if not m.num_experts:
+        return [layer_spec(config)] * m.num_layers
+    dense, moe = layer_spec(config, num_experts=None), layer_spec(config)
+    return [dense if layer < m.moe_first_dense_layers else moe for layer in range(m.num_layers)]
+
+
+def layer_spec(config: RunConfig, num_experts: int | None | str = "model"):
+    """The spec of one decoder layer (`num_experts`: the model's unless given)."""
+    num_experts = config.model.num_experts if num_experts == "model" else num_experts
     backend = precision_backend(config.precision)
     if backend.layer_spec is not None:
-        return backend.layer_spec(config.model.num_experts)
-    spec = megatron_compat.local_layer_spec(config.model.num_experts)
+        return backend.layer_spec(num_experts)
+    spec = megatron_compat.local_layer_spec(num_experts)
     if config.training.emulated_attention or config.training.attention_fault_bits:
         from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
 
@@ -117,7 +131,7 @@ def layer_spec(config: RunConfig):
 def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: int) -> GPTModel:
     model = GPTModel(
         config=tconfig,
-        transformer_layer_spec=megatron_compat.decoder_block_spec(layer_spec(config), tconfig),
+        transformer_layer_spec=megatron_compat.decoder_block_spec(layer_specs(config), tconfig),
         vocab_size=vocab_size,
         max_sequence_length=config.model.seq_length,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -233,6 +233,9 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
         raise UserError(f"--expert-model-parallel-size {ep} must divide --num-experts "
                         f"{m.num_experts}")
     _validate_router(m)
+    if m.moe_first_dense_layers >= m.num_layers:
+        raise UserError(f"--moe-first-dense-layers {m.moe_first_dense_layers} must be below "
+                        f"--num-layers {m.num_layers} (at least one MoE layer)")
     if p.tensor_model_parallel_size != 1 and not p.sequence_parallel:
         raise UserError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
                         "(megatron-core requires it)")
@@ -267,10 +270,10 @@ def _validate_router(m) -> None:
 def validate_controller(config: RunConfig) -> None:
     m, t, gnmr = config.model, config.training, config.gnmr
     if t.inject_nonfinite:
-        from megatron_gnmr.controller.units import model_unit_names
+        from megatron_gnmr.controller.units import UnitShape
         from megatron_gnmr.training.faults import parse_injections
 
-        known = set(model_unit_names(m))
+        known = set(UnitShape.of(m).names())
         for units in parse_injections(t.inject_nonfinite).values():
             for unit in units:
                 if unit not in known:
@@ -284,10 +287,9 @@ def validate_controller(config: RunConfig) -> None:
             raise UserError(f"{flag} {pattern!r}: not a valid regex ({error})") from None
     if not gnmr.enabled:
         return
-    from megatron_gnmr.controller.units import eligible_unit_names
+    from megatron_gnmr.controller.units import UnitShape, eligible_unit_names
 
-    eligible_unit_names(m.num_layers, gnmr.units, m.num_experts,  # raises if it matches none
-                        bool(m.moe_shared_expert_intermediate_size))
+    eligible_unit_names(UnitShape.of(m), gnmr.units)  # raises if it matches none
     probed = gnmr.probed()
     from megatron_gnmr.precision.backends import BACKENDS, backend
 

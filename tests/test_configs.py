@@ -16,7 +16,8 @@ PRESETS = sorted((REPO / "configs").glob("*.yaml"))
 def test_preset_is_valid(path: Path, tmp_path):
     config = parse_config(["--config", str(path), "--save", str(tmp_path)])
     p = config.parallel
-    validate(config, world_size=p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+    validate(config, world_size=p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+             * p.expert_model_parallel_size)  # EP is carved out of data parallelism
 
 
 def test_flags_override_yaml():

@@ -33,7 +33,8 @@ def world_of_one():
                                     "--moe-ffn-hidden-size", "48",
                                     "--moe-shared-expert-intermediate-size", "80",
                                     "--moe-router-score-function", "sigmoid",
-                                    "--moe-router-enable-expert-bias"]],
+                                    "--moe-router-enable-expert-bias",
+                                    "--moe-first-dense-layers", "1"]],
                          ids=["dense", "mqa", "moe", "deepseek_moe"])
 def test_parameters_equal_the_built_model(world_of_one, flags):
     from megatron_gnmr.model import build_model, count_parameters

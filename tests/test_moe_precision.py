@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron_gnmr.arguments import parse_config
-from megatron_gnmr.controller.units import canonical_unit_names, local_unit_modules
+from megatron_gnmr.controller.units import UnitShape, canonical_unit_names, local_unit_modules
 from megatron_gnmr.model import bind_precision, build_gpt_model, transformer_config
 from megatron_gnmr.precision.dispatch import install_dispatch_quantization, quantize_for_dispatch
 from megatron_gnmr.precision.plan import PrecisionPlan
@@ -47,7 +47,7 @@ def _model(recipe: str, plan: PrecisionPlan | None = None, extra=()):
     set_seeds(7)
     model = build_gpt_model(config, transformer_config(config), vocab_size=512)
     if plan is not None:
-        units = local_unit_modules([model], 2, EXPERTS, shared_experts=True)
+        units = local_unit_modules([model], UnitShape.of(config.model))
         bind_precision(units, config, plan)
     return model
 

@@ -111,3 +111,20 @@ def test_report_names_a_bad_directory(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "megatron_gnmr.cli", "report",
                           str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True)
     assert cli.returncode == 2 and "metrics.jsonl" in cli.stderr
+
+
+def test_recovery_shares_per_kind_of_unit():
+    import numpy as np
+
+    from megatron_gnmr.observe.report import RunLog, recovery_shares, shares_line
+
+    units = ["layers.0.self_attention.linear_qkv", "layers.0.mlp.linear_fc1",
+             "layers.1.self_attention.linear_proj", "layers.1.mlp.shared_experts.linear_fc1",
+             "layers.1.mlp.experts.0.linear_fc1", "layers.1.mlp.experts.1.linear_fc2"]
+    recovery = np.zeros((4, 6), dtype=bool)
+    recovery[1, 0] = recovery[2, 4] = recovery[3, 4] = recovery[3, 5] = True
+    run = RunLog("moe", [], units, recovery, None, None)
+    assert recovery_shares(run) == {"attention": (1, 8), "dense MLP": (0, 4),
+                                    "shared expert": (0, 4), "routed experts": (3, 8)}
+    assert shares_line(run) == ("attention 12.5%, dense MLP 0.0%, shared expert 0.0%, "
+                                "routed experts 37.5%")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megatron_gnmr.arguments import parse_config
-from megatron_gnmr.controller.units import local_unit_modules
+from megatron_gnmr.controller.units import UnitShape, local_unit_modules
 from megatron_gnmr.model import bind_precision, build_gpt_model, transformer_config
 from megatron_gnmr.precision.plan import PrecisionPlan
 from tests.helpers import TINY
@@ -35,7 +35,7 @@ def _model(recipe: str, plan: PrecisionPlan | None = None):
     set_seeds(7)  # identical initial weights for every model built here
     model = build_gpt_model(config, transformer_config(config), vocab_size=512)
     if plan is not None:
-        bind_precision(local_unit_modules([model], num_layers=2), config, plan)
+        bind_precision(local_unit_modules([model], UnitShape(num_layers=2)), config, plan)
     return model
 
 

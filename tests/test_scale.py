@@ -16,7 +16,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.controller import GNMRConfig, GNMRPolicy
 from megatron_gnmr.controller.grad_stats import GradStats
-from megatron_gnmr.controller.units import build_registry, canonical_unit_names
+from megatron_gnmr.controller.units import UnitShape, build_registry, canonical_unit_names
 from megatron_gnmr.platform import apply_cpu_patches
 
 LAYERS = 16
@@ -36,7 +36,7 @@ def _slot_coverage(world: int, rank: int, tp: int, pp: int):
                                "--pipeline-model-parallel-size", str(pp)])
         set_seeds(1)
         model = build_gpt_model(config, transformer_config(config), vocab_size=256)
-        registry = build_registry([model], LAYERS, config.gnmr.units)
+        registry = build_registry([model], UnitShape(LAYERS), config.gnmr.units)
         group = parallel_state.get_model_parallel_group()
         stats = GradStats(registry, [model], group)
         coverage = np.zeros(registry.num_units + 1)

@@ -150,7 +150,7 @@ def megatron_world():
 def test_each_unit_switches_alone_dense_and_experts(megatron_world, monkeypatch):
     """A spec made switchable the way the TE spec is: a recovered unit (an expert's fc1
     among them) runs its forward under the disabled FP8 autocast, every other unit not."""
-    from megatron_gnmr.controller.units import local_unit_modules
+    from megatron_gnmr.controller.units import UnitShape, local_unit_modules
     from megatron_gnmr.model import bind_precision, build_gpt_model, transformer_config
     from megatron_gnmr.precision import te_backend
     from megatron_gnmr.precision.plan import PrecisionPlan
@@ -169,7 +169,7 @@ def test_each_unit_switches_alone_dense_and_experts(megatron_world, monkeypatch)
     spec = te_backend.switchable_layer_spec(megatron_compat.local_layer_spec(4))
     monkeypatch.setattr("megatron_gnmr.model.layer_spec", lambda config: spec)
     model = build_gpt_model(config, transformer_config(config), vocab_size=512)
-    units = local_unit_modules([model], num_layers=2, num_experts=4)
+    units = local_unit_modules([model], UnitShape(num_layers=2, num_experts=4))
     assert len(units) == 2 * (2 + 4 * 2)
     plan = PrecisionPlan()
     te_config = parse_config([*TINY, "--num-experts", "4", "--precision-recipe", "te-fp8"])

@@ -34,37 +34,63 @@ ATTENTION_UNIT_SUFFIXES = ("self_attention.linear_qkv", "self_attention.linear_p
 DENSE_UNIT_SUFFIXES = (*ATTENTION_UNIT_SUFFIXES, "mlp.linear_fc1", "mlp.linear_fc2")
 
 
-def layer_unit_suffixes(num_experts: int | None = None,
-                        shared_experts: bool = False) -> tuple[str, ...]:
-    if not num_experts:
-        return DENSE_UNIT_SUFFIXES
-    shared = (tuple(f"mlp.shared_experts.linear_fc{i}" for i in (1, 2)) if shared_experts
-              else ())
-    return (*ATTENTION_UNIT_SUFFIXES, *shared,
-            *(f"mlp.experts.{expert}.linear_fc{i}" for expert in range(num_experts)
-              for i in (1, 2)))
+@dataclass(frozen=True)
+class UnitShape:
+    """What decides a model's unit names: its layers, experts, shared expert and leading
+    dense layers (DeepSeek's first_k_dense_replace)."""
+
+    num_layers: int
+    num_experts: int | None = None
+    shared_experts: bool = False
+    first_dense_layers: int = 0
+
+    @classmethod
+    def of(cls, model) -> "UnitShape":
+        """The shape of a `ModelConfig`'s model."""
+        return cls(model.num_layers, model.num_experts,
+                   bool(model.moe_shared_expert_intermediate_size),
+                   model.moe_first_dense_layers if model.num_experts else 0)
+
+    def layer_suffixes(self, layer: int) -> tuple[str, ...]:
+        """Unit names inside decoder layer `layer` (0-based), in canonical order."""
+        if not self.num_experts or layer < self.first_dense_layers:
+            return DENSE_UNIT_SUFFIXES
+        shared = (tuple(f"mlp.shared_experts.linear_fc{i}" for i in (1, 2))
+                  if self.shared_experts else ())
+        return (*ATTENTION_UNIT_SUFFIXES, *shared,
+                *(f"mlp.experts.{expert}.linear_fc{i}" for expert in range(self.num_experts)
+                  for i in (1, 2)))
+
+    def names(self) -> list[str]:
+        return [f"layers.{layer}.{suffix}" for layer in range(self.num_layers)
+                for suffix in self.layer_suffixes(layer)]
+
+
+UNIT_KINDS = ("attention", "dense MLP", "shared expert", "routed experts")
+
+
+def unit_kind(name: str) -> str:
+    """Which of UNIT_KINDS a unit name belongs to."""
+    if ".self_attention." in name:
+        return "attention"
+    if ".mlp.experts." in name:
+        return "routed experts"
+    if ".mlp.shared_experts." in name:
+        return "shared expert"
+    return "dense MLP"
 
 
 def canonical_unit_names(num_layers: int, num_experts: int | None = None,
                          shared_experts: bool = False) -> list[str]:
-    return [f"layers.{layer}.{suffix}" for layer in range(num_layers)
-            for suffix in layer_unit_suffixes(num_experts, shared_experts)]
+    return UnitShape(num_layers, num_experts, shared_experts).names()
 
 
-def model_unit_names(model) -> list[str]:
-    """Every unit of a `ModelConfig`'s model, in canonical order."""
-    return canonical_unit_names(model.num_layers, model.num_experts,
-                                bool(model.moe_shared_expert_intermediate_size))
-
-
-def eligible_unit_names(num_layers: int, pattern: str, num_experts: int | None = None,
-                        shared_experts: bool = False) -> list[str]:
+def eligible_unit_names(shape: UnitShape, pattern: str) -> list[str]:
     try:
         regex = re.compile(pattern)
     except re.error as error:
         raise UserError(f"--gnmr-units {pattern!r}: not a valid regex ({error})") from None
-    names = [name for name in canonical_unit_names(num_layers, num_experts, shared_experts)
-             if regex.search(name)]
+    names = [name for name in shape.names() if regex.search(name)]
     if not names:
         raise UserError(f"--gnmr-units {pattern!r} matches no unit (names look like "
                         f"'layers.0.mlp.linear_fc1')")
@@ -109,18 +135,17 @@ def _unit_module(layer: torch.nn.Module, suffix: str) -> torch.nn.Module | None:
     return experts.local_experts[local].get_submodule(parts[3])
 
 
-def build_registry(model_chunks: list[torch.nn.Module], num_layers: int, pattern: str,
-                   num_experts: int | None = None, shared_experts: bool = False) -> UnitRegistry:
+def build_registry(model_chunks: list[torch.nn.Module], shape: UnitShape,
+                   pattern: str) -> UnitRegistry:
     """Find this rank's modules for every eligible unit."""
-    registry = UnitRegistry(eligible_unit_names(num_layers, pattern, num_experts,
-                                                shared_experts))
+    registry = UnitRegistry(eligible_unit_names(shape, pattern))
     position = {name: i for i, name in enumerate(registry.names)}
     for chunk in model_chunks:
         for module in chunk.modules():
             layer_number = getattr(module, "layer_number", None)
             if layer_number is None or not hasattr(module, "mlp"):
                 continue  # not a TransformerLayer
-            for suffix in layer_unit_suffixes(num_experts, shared_experts):
+            for suffix in shape.layer_suffixes(layer_number - 1):
                 name = f"layers.{layer_number - 1}.{suffix}"
                 if name in position:
                     unit_module = _unit_module(module, suffix)
@@ -129,8 +154,7 @@ def build_registry(model_chunks: list[torch.nn.Module], num_layers: int, pattern
     return registry
 
 
-def local_unit_modules(model_chunks: list[torch.nn.Module], num_layers: int,
-                       num_experts: int | None = None, shared_experts: bool = False) -> dict:
+def local_unit_modules(model_chunks: list[torch.nn.Module], shape: UnitShape) -> dict:
     """Every unit (eligible or not) that lives on this rank, by name."""
-    registry = build_registry(model_chunks, num_layers, ".", num_experts, shared_experts)
+    registry = build_registry(model_chunks, shape, ".")
     return {registry.names[index]: module for index, module in registry.modules.items()}

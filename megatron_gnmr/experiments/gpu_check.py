@@ -78,11 +78,11 @@ def recovery_is_bf16(trainer, recipe: str) -> tuple[bool, bool]:
     differs when on the low-cost path), for the first layer's units and the last fc2."""
     import torch
 
-    from megatron_gnmr.controller.units import local_unit_modules
+    from megatron_gnmr.controller.units import UnitShape, local_unit_modules
     from megatron_gnmr.platform.device import run_device
 
     config = trainer.config
-    units = local_unit_modules(trainer.model, config.model.num_layers)
+    units = local_unit_modules(trainer.model, UnitShape.of(config.model))
     checked = [name for name in units if name.startswith("layers.0.")]
     checked.append(f"layers.{config.model.num_layers - 1}.mlp.linear_fc2")
     equal, differs = True, True

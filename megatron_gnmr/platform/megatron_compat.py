@@ -104,20 +104,29 @@ def _built_from(node: Any, module: type) -> Any:
     return node
 
 
-def decoder_block_spec(layer_spec: Any, transformer_config: Any) -> Any:
-    """The decoder block of this pipeline stage: its layers of `layer_spec` and a final norm
-    of the layers' kind. (Given a bare layer spec, megatron picks the final norm by what is
-    installed: its torch-norm wrapper without apex, which refuses sequence parallelism.)"""
+def decoder_block_spec(layer_specs: list, transformer_config: Any) -> Any:
+    """The decoder block of this pipeline stage from one spec per (global) layer: its layers
+    and a final norm of the layers' kind. (Given a bare layer spec, megatron picks the final
+    norm by what is installed: its torch-norm wrapper without apex, which refuses sequence
+    parallelism.)"""
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    norm = submodules_of(layer_spec).input_layernorm
+    norm = submodules_of(layer_specs[0]).input_layernorm
+    uniform = all(spec is layer_specs[0] for spec in layer_specs)
     if norm is not TorchRMSNorm:
-        return layer_spec
+        if uniform:
+            return layer_specs[0]  # megatron's own choice of final norm
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        norm = TENorm
+    offset = get_transformer_layer_offset(transformer_config)
     layers = get_num_layers_to_build(transformer_config)  # this stage's, as megatron counts
-    return TransformerBlockSubmodules(layer_specs=[layer_spec] * layers, layer_norm=norm)
+    return TransformerBlockSubmodules(layer_specs=layer_specs[offset:offset + layers],
+                                      layer_norm=norm)
 
 
 def _is_torch_norm_wrapper(node: Any) -> bool:

@@ -37,7 +37,11 @@ def unit_gemms(config) -> list[UnitGemm]:
                  (m.num_attention_heads + 2 * groups) * d_head // tp),
         UnitGemm("linear_proj", tokens, m.hidden_size // tp, m.hidden_size),
     ]
+    dense = [UnitGemm("linear_fc1", tokens, m.hidden_size, 2 * m.ffn_hidden_size // tp),
+             UnitGemm("linear_fc2", tokens, m.ffn_hidden_size // tp, m.hidden_size)]
     if m.num_experts:
+        if m.moe_first_dense_layers:
+            gemms += dense
         # Routed experts see a varying number of tokens (None: not checked); megatron splits
         # them over the expert tensor-parallel group (the TP group by default).
         expert = m.moe_ffn_hidden_size or m.ffn_hidden_size
@@ -49,8 +53,7 @@ def unit_gemms(config) -> list[UnitGemm]:
                                2 * shared // tp),
                       UnitGemm("shared_experts.linear_fc2", tokens, shared // tp, m.hidden_size)]
         return gemms
-    return gemms + [UnitGemm("linear_fc1", tokens, m.hidden_size, 2 * m.ffn_hidden_size // tp),
-                    UnitGemm("linear_fc2", tokens, m.ffn_hidden_size // tp, m.hidden_size)]
+    return gemms + dense
 
 
 def shape_problems(gemms: list[UnitGemm], tokens_multiple: int, features_multiple: int,

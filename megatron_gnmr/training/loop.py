@@ -32,7 +32,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.controller.runtime import Controller
-from megatron_gnmr.controller.units import build_registry, local_unit_modules
+from megatron_gnmr.controller.units import UnitShape, build_registry, local_unit_modules
 from megatron_gnmr.data.datasets import (
     BatchReader,
     build_datasets,
@@ -142,11 +142,10 @@ class Trainer:
         self.model = build_model(config, self.data.tokenizer.vocab_size)
         self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
                                   and not config.gnmr.enabled)
-        m = config.model
-        shared = bool(m.moe_shared_expert_intermediate_size)
-        units_here = local_unit_modules(self.model, m.num_layers, m.num_experts, shared)
-        registry = build_registry(self.model, m.num_layers, config.gnmr.units, m.num_experts,
-                                  shared) if config.gnmr.enabled else None
+        shape = UnitShape.of(config.model)
+        units_here = local_unit_modules(self.model, shape)
+        registry = build_registry(self.model, shape, config.gnmr.units) \
+            if config.gnmr.enabled else None
         probes = build_probes(config, registry)
         bind_precision(units_here, config, self.plan, probes)
         self.faults = FaultHooks(t.inject_nonfinite, units_here, from_environment=True)

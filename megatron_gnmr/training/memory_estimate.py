@@ -89,17 +89,27 @@ def _parameters_per_rank(config) -> tuple[int, int]:
     attention = (h * (h + 2 * kv) + h * h) // tp
     norms = 2 * h
     layers = m.num_layers // pp
+    dense_mlp = 3 * h * f // tp
     if m.num_experts:
         shared = m.moe_shared_expert_intermediate_size or 0
-        mlp = h * m.num_experts + 3 * h * shared // tp  # the router and the shared expert
-        experts = layers * (m.num_experts // ep) * 3 * h * (m.moe_ffn_hidden_size or f) // tp
+        moe_mlp = h * m.num_experts + 3 * h * shared // tp  # the router and the shared expert
+        experts = (m.num_experts // ep) * 3 * h * (m.moe_ffn_hidden_size or f) // tp
     else:
-        mlp, experts = 3 * h * f // tp, 0
-    stage = layers * (attention + norms + mlp)
+        moe_mlp, experts = dense_mlp, 0
+
+    def stage(first_layer: int) -> tuple[int, int]:
+        dense_layers = max(0, min(m.moe_first_dense_layers if m.num_experts else m.num_layers,
+                                  first_layer + layers) - first_layer)
+        moe_layers = layers - dense_layers
+        return (layers * (attention + norms) + dense_layers * dense_mlp
+                + moe_layers * (moe_mlp if m.num_experts else dense_mlp)), moe_layers * experts
+
     vocab = config.data.vocab_size * h // tp
-    first = stage + vocab + (vocab + h if pp == 1 else 0)
-    last = stage + vocab + h
-    return max(first, last), experts
+    (first, first_experts), (last, last_experts) = stage(0), stage(m.num_layers - layers)
+    first += vocab + (vocab + h if pp == 1 else 0)
+    last += vocab + h
+    return (first, first_experts) if first + first_experts >= last + last_experts \
+        else (last, last_experts)
 
 
 def _activations(config, in_flight: int) -> tuple[float, str]:
