@@ -107,13 +107,13 @@ def layer_specs(config: RunConfig) -> list:
     m = config.model
     if not m.num_experts:
         return [layer_spec(config)] * m.num_layers
-    dense, moe = layer_spec(config, num_experts=None), layer_spec(config)
+    dense, moe = layer_spec(config, moe=False), layer_spec(config)
     return [dense if layer < m.moe_first_dense_layers else moe for layer in range(m.num_layers)]
 
 
-def layer_spec(config: RunConfig, num_experts: int | None | str = "model"):
-    """The spec of one decoder layer (`num_experts`: the model's unless given)."""
-    num_experts = config.model.num_experts if num_experts == "model" else num_experts
+def layer_spec(config: RunConfig, moe: bool = True):
+    """The spec of one decoder layer: an MoE layer if the model has experts and `moe`."""
+    num_experts = config.model.num_experts if moe else None
     backend = precision_backend(config.precision)
     if backend.layer_spec is not None:
         return backend.layer_spec(num_experts)

@@ -70,7 +70,8 @@ def _ops(fmt: str, kinds=ALL) -> dict:
     return {kind: fmt for kind in kinds}
 
 
-MORE_SEEDS = (3, 4, 5)
+MORE_SEEDS = (3, 4, 5, 6, 7, 8, 9)  # the main comparison: seed-to-seed spread measured
+FEW_SEEDS = (3, 4, 5)
 VARIANTS = {
     "full": Variant("no quantization", seeds=MORE_SEEDS),
     "e3m2-all": Variant("E3M2 input/weight/grad (the deepseek low path)", _ops("e3m2"),
@@ -81,7 +82,7 @@ VARIANTS = {
     "e3m2-fwd": Variant("E3M2 input + weight", _ops("e3m2", FWD), seeds=MORE_SEEDS),
     "e4m3-fwd-independent": Variant(
         "E4M3 input + weight, independent implementation (torch float8 cast, own autograd)",
-        _ops("e4m3", FWD), rounding="independent", seeds=MORE_SEEDS),
+        _ops("e4m3", FWD), rounding="independent", seeds=FEW_SEEDS),
     "e4m3-all-independent": Variant("E4M3 everywhere, independent implementation",
                                     _ops("e4m3"), rounding="independent"),
     "e4m3-fwd-exact-scales": Variant("E4M3 input + weight, exact (not power-of-two) scales",
@@ -89,11 +90,11 @@ VARIANTS = {
     "e4m3-fwd-stochastic": Variant("E4M3 input + weight, stochastic rounding",
                                    _ops("e4m3", FWD), rounding="stochastic"),
     "noise-as-e4m3-fwd": Variant("Gaussian noise with E4M3's error norm, input + weight",
-                                 _ops("e4m3", FWD), rounding="noise"),
+                                 _ops("e4m3", FWD), rounding="noise", seeds=FEW_SEEDS),
     "noise-as-e3m2-fwd": Variant("Gaussian noise with E3M2's error norm, input + weight",
                                  _ops("e3m2", FWD), rounding="noise"),
     "e4m3-fwd-qkv": Variant("E4M3 input + weight, linear_qkv only", _ops("e4m3", FWD),
-                            units=r"linear_qkv$"),
+                            units=r"linear_qkv$", seeds=FEW_SEEDS),
     "e4m3-fwd-proj": Variant("E4M3 input + weight, linear_proj only", _ops("e4m3", FWD),
                              units=r"linear_proj$"),
     "e4m3-fwd-fc1": Variant("E4M3 input + weight, linear_fc1 only", _ops("e4m3", FWD),
@@ -315,6 +316,25 @@ def _std(values: list[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+# (a, b): is a's gap larger than b's? Paired by seed (same batches, same initial weights).
+COMPARISONS = [("e4m3-all", "e3m2-all"), ("e4m3-fwd", "e3m2-fwd"),
+               ("e4m3-fwd-independent", "e4m3-fwd"), ("e4m3-fwd", "noise-as-e4m3-fwd")]
+
+
+def paired(rows: dict, a: str, b: str) -> dict:
+    """Per-seed difference of two variants' gaps, its mean, spread and a 90% bootstrap
+    interval of the mean (seeds resampled, 10k draws, fixed generator)."""
+    import numpy as np
+
+    seeds = sorted(set(rows[a]["gaps"]) & set(rows[b]["gaps"]))
+    diffs = np.array([rows[a]["gaps"][s] - rows[b]["gaps"][s] for s in seeds])
+    draws = np.random.default_rng(0).choice(diffs, size=(10_000, len(diffs))).mean(axis=1)
+    return {"seeds": seeds, "diffs": diffs.tolist(), "mean": float(diffs.mean()),
+            "std": float(diffs.std(ddof=1)) if len(diffs) > 1 else 0.0,
+            "a_worse": int((diffs > 0).sum()),
+            "interval": [float(np.quantile(draws, 0.05)), float(np.quantile(draws, 0.95))]}
+
+
 def write(rows: dict, out: Path, wall: float) -> str:
     lines = ["| variant | what | gap (train, last 10%) | per seed | valid loss | vs |",
              "|---|---|---|---|---|---|"]
@@ -324,11 +344,20 @@ def write(rows: dict, out: Path, wall: float) -> str:
         lines.append(f"| {name} | {row['description']} | {row['gap_mean']:+.3f}{spread} | "
                      f"{per_seed} (seeds {', '.join(map(str, row['gaps']))}) | "
                      f"{row['valid_loss']:.4f} | {row['baseline']} |")
+    lines += ["", "| a vs b (paired by seed) | a - b, mean | spread | 90% interval | "
+              "seeds where a is worse |", "|---|---|---|---|---|"]
+    comparisons = {}
+    for a, b in COMPARISONS:
+        c = comparisons[f"{a} vs {b}"] = paired(rows, a, b)
+        lines.append(f"| {a} vs {b} | {c['mean']:+.4f} | {c['std']:.4f} | "
+                     f"[{c['interval'][0]:+.4f}, {c['interval'][1]:+.4f}] | "
+                     f"{c['a_worse']} of {len(c['seeds'])} |")
     text = "\n".join(lines) + f"\n\n({len(rows)} variants, {wall / 60:.0f} min)\n"
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps(
-        {name: {**row, "gaps": {str(k): v for k, v in row["gaps"].items()}}
-         for name, row in rows.items()}, indent=2))
+        {"variants": {name: {**row, "gaps": {str(k): v for k, v in row["gaps"].items()}}
+                      for name, row in rows.items()},
+         "comparisons": comparisons}, indent=2))
     return text
 
 

@@ -3,8 +3,8 @@
 Panels: loss (train, smoothed, and validation) with the runs overlaid; the distribution of
 GNMR scores over all unit-steps; per run, the recovery timeline (units x steps, dark where
 the unit ran the recovery path, red ticks at non-finite gradients) with the share of
-unit-steps recovered per kind of unit (attention, dense MLP, shared and routed experts); monitor signals with
-alarm markers. GNMR scores are not stored in the trace: they are recomputed by replaying
+unit-steps recovered per kind of unit (attention, dense MLP, shared and routed experts);
+monitor signals with alarm markers. GNMR scores are not stored in the trace: they are recomputed by replaying
 the recorded norms through the policy with the recorded settings, which reproduces the live
 run exactly. Reads runs in progress and crashed runs (a cut last line is ignored).
 """

@@ -4,11 +4,12 @@ Supported: 0.16.1 (the newest for Python 3.11) and 0.19.x (what Python 3.12 clus
 Nothing outside this module may branch on megatron's version.
 
 Layer specs. The unit linears (`linear_qkv`, `linear_proj`, `linear_fc1`, `linear_fc2`, and
-each routed or shared expert's fc1/fc2) are swapped in a megatron layer spec for the project's path-routed
-subclasses. Up to 0.17 every node of a spec is a `ModuleSpec(module, submodules)`; from 0.18
-the MLP and MoE nodes are builders, `functools.partial(MLP.as_mlp_submodule,
-submodules=MLPSubmodules(...))` and `partial(MoELayer, submodules=MoESubmodules(...))`, whose
-submodules live in the partial's keywords. `submodules_of` reads both forms, so the
+each routed or shared expert's fc1/fc2) are swapped in a megatron layer spec for the
+project's path-routed subclasses. Up to 0.17 every node of a spec is a
+`ModuleSpec(module, submodules)`; from 0.18 the MLP and MoE nodes are builders,
+`functools.partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(...))` and
+`partial(MoELayer, submodules=MoESubmodules(...))`, whose submodules live in the partial's
+keywords. `submodules_of` reads both forms, so the
 replacement below is written once.
 """
 
