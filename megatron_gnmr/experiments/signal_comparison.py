@@ -78,8 +78,29 @@ def compare(scenario: Scenario, out: Path, low: str, high: str, smoke: bool = Fa
                          "recovery_sparsity": _mean_std(sparsity),
                          "oracle_capture": _mean_std(capture),
                          "per_seed_recovered": recovered}
+    low_minus_high = [figures[(low, seed)]["train_loss_last_tenth"]
+                      - figures[(high, seed)]["train_loss_last_tenth"] for seed in seeds]
     return {"scenario": scenario.name, "seeds": seeds, "low": low, "high": high,
-            "rows": rows, "replay": replay_matrix(scenario, out, seeds)}
+            "low_minus_high": low_minus_high, "rows": rows,
+            "replay": replay_matrix(scenario, out, seeds)}
+
+
+def separation_warning(result: dict) -> str | None:
+    """A warning when the low-cost path is not measurably worse than the recovery path: the
+    paired difference is not above twice its standard error. Then 'gap recovered' divides by
+    noise, and more mantissa bits need not mean less damage (docs/results.md section 8)."""
+    diffs = result["low_minus_high"]
+    mean, std = _mean_std(diffs)
+    if mean is None:
+        return None
+    error = std / len(diffs) ** 0.5 if len(diffs) > 1 else abs(mean)
+    if mean > 2 * error:
+        return None
+    return (f"**Warning:** `{result['low']}` is not measurably worse than `{result['high']}` "
+            f"here (training loss {mean:+.4f} +- {std:.4f} over {len(diffs)} paired seeds): "
+            "'gap recovered' divides by noise and ranks nothing. Rank by damage capture, or "
+            "run longer, larger or with more seeds; at small scale a format with more "
+            "mantissa bits can train worse (docs/results.md, section 8).")
 
 
 def _base_budget(scenario: Scenario) -> float:
@@ -126,6 +147,9 @@ def write_markdown(result: dict, out: Path) -> str:
              f"{result['high']}, 0 = no better than {result['low']}, < 0 worse)", "",
              "| variant | train-loss gap recovered | valid-loss gap recovered | per seed (train) "
              "| unit-steps on recovery | oracle capture (live) |", "|---|---|---|---|---|---|"]
+    warning = separation_warning(result)
+    if warning:
+        lines[2:2] = [warning, ""]
     for variant, row in result["rows"].items():
         seeds = " / ".join("-" if v is None else f"{v:.2f}" for v in row["per_seed_recovered"])
         lines.append(f"| {variant} | {_cell(row['gap_recovered'])} "
