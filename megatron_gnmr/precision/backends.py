@@ -62,6 +62,7 @@ BACKENDS = {
     "none": Backend(recipe=None, probes=False, experts=True),
     "fp8-emulated": Backend(recipes.fp8_emulated, experts=True),
     "deepseek": Backend(recipes.deepseek, experts=True),
+    "nvfp4": Backend(recipes.nvfp4, experts=True),
     "act-quant": Backend(recipes.act_quant, experts=True),
     "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate),
     # Our --fp8-format / --fp8-recipe values are megatron's own.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 @dataclass
 class PrecisionConfig:
     precision_recipe: str = "none"
-    """none | fp8-emulated | deepseek | act-quant | fp8-torchao | te-fp8: the low-cost and
+    """none | fp8-emulated | deepseek | nvfp4 | act-quant | fp8-torchao | te-fp8: the low-cost and
     recovery path pair of every unit (precision/backends.py)."""
     precision_static: str = "low"
     """Without --gnmr: every unit on the `low` cost path or on the `recovery` path."""
@@ -24,6 +24,15 @@ class PrecisionConfig:
     """act-quant: bits on the recovery path (8, or 16 for exact)."""
     act_quant_granularity: str = "tensor"
     """act-quant scale granularity: tensor, row, tile."""
+    nvfp4_recovery: str = "bf16"
+    """nvfp4: the recovery path, bf16 (exact here) or fp8 (fp8-emulated's E4M3/E5M2
+    tensorwise path)."""
+    nvfp4_2d_weights: bool = True
+    """nvfp4: 16x16 weight blocks (W and W^T quantize the same); off: 1x16 like activations."""
+    nvfp4_stochastic_rounding: bool = True
+    """nvfp4: stochastic rounding of the gradients (both the dgrad and the wgrad operand)."""
+    nvfp4_hadamard: bool = True
+    """nvfp4: the 16-point random Hadamard transform on the weight-gradient GEMM's inputs."""
     moe_dispatch_quant: bool = False
     """MoE (fp8-emulated, deepseek): quantize the tokens before the expert dispatch, as
     DeepSeek-V3 does (E4M3, 1x128 tiles, power-of-two scales; gradients go back unrounded,

@@ -7,7 +7,12 @@ A `GemmPath` names the quantization of each operand:
               dW = Q_g(dy)^T @ S(x)               (wgrad; S = Q_saved, or the forward operand)
 
 `saved_input` is what the unit keeps for the weight-gradient GEMM (e.g. a 4-bit copy of x
-for activation-quantization stress); None keeps the forward operand. A path with every
+for activation-quantization stress); None keeps the forward operand. NVFP4 quantizes the
+weight-gradient GEMM's operands separately, along its reduction dimension (tokens), after a
+random Hadamard transform (`wgrad_input`, `wgrad_grad`, `hadamard_signs`):
+
+              dW = Q_wg(H dy)^T @ Q_wx(H x)       (H: 16 tokens at a time; H^T H = I)
+ A path with every
 operand None is not emulated at all: such a unit runs megatron's own linear, so the
 recovery path of a BF16-recovery recipe is exactly the high-precision module.
 The backward always uses what its forward saved, so a unit's backward runs its forward's path.
@@ -29,17 +34,58 @@ class GemmPath:
     weight: QuantSpec | None = None
     grad: QuantSpec | None = None
     saved_input: QuantSpec | None = None
+    wgrad_input: QuantSpec | None = None
+    """x for the weight-gradient GEMM, quantized along tokens (None: `saved_input`'s rule)."""
+    wgrad_grad: QuantSpec | None = None
+    """dy for the weight-gradient GEMM, quantized along tokens (None: the `grad` operand)."""
+    hadamard_signs: tuple[float, ...] | None = None
+    """The random Hadamard transform's signs, applied along tokens to both wgrad operands."""
     kernel: str = "emulated"
     """How the quantized GEMMs run: `emulated` (fake-quantized operands, float GEMMs) or
     `torchao` (real FP8 GEMMs, `precision/torchao_linear.py`)."""
 
+    def __post_init__(self):
+        if (self.wgrad_input is None) != (self.wgrad_grad is None):
+            raise ValueError("wgrad_input and wgrad_grad go together (both GEMM operands "
+                             "are quantized along tokens, or neither)")
+        if self.hadamard_signs is not None and self.wgrad_input is None:
+            raise ValueError("the Hadamard transform needs the wgrad operands")
+
     @property
     def is_exact(self) -> bool:
-        return not (self.input or self.weight or self.grad or self.saved_input)
+        return not (self.input or self.weight or self.grad or self.saved_input
+                    or self.wgrad_input or self.wgrad_grad)
 
 
 def _maybe(x: torch.Tensor, spec: QuantSpec | None, group) -> torch.Tensor:
     return x if spec is None else quantize(x, spec, amax_group=group)
+
+
+def _along_tokens(x: torch.Tensor, spec: QuantSpec, path: GemmPath, group) -> torch.Tensor:
+    """[tokens, features] -> H x (if the path transforms), quantized in blocks along tokens."""
+    matrix = x.reshape(-1, x.shape[-1])
+    if path.hadamard_signs is not None:
+        from megatron_gnmr.precision.nvfp4 import hadamard_matrix, transform_tokens
+
+        signs = torch.tensor(path.hadamard_signs)
+        matrix = transform_tokens(matrix, hadamard_matrix(signs)).to(x.dtype)
+    return quantize(matrix.t(), spec, amax_group=group).t()
+
+
+def saved_for_weight_gradient(x, x_q, path: GemmPath, group) -> torch.Tensor:
+    """What the forward keeps of x for dW (`x_q`: the forward's quantized input)."""
+    if path.wgrad_input is not None:
+        return _along_tokens(x, path.wgrad_input, path, group)
+    return x_q if path.saved_input is None else _maybe(x, path.saved_input, group)
+
+
+def weight_gradient(grad_output, g_q, saved, path: GemmPath, group) -> torch.Tensor:
+    """dW from dy (`g_q`: the dgrad's quantized dy) and what the forward saved."""
+    if path.wgrad_grad is not None:
+        g = _along_tokens(grad_output, path.wgrad_grad, path, group)
+    else:
+        g = g_q.reshape(-1, g_q.shape[-1])
+    return torch.matmul(g.t(), saved.reshape(-1, saved.shape[-1]))
 
 
 class EmulatedLinearFunction(torch.autograd.Function):
@@ -48,7 +94,7 @@ class EmulatedLinearFunction(torch.autograd.Function):
                 probe=None):
         x_q = _maybe(x, path.input, tp_group)
         w_q = _maybe(weight, path.weight, tp_group)
-        saved = x_q if path.saved_input is None else _maybe(x, path.saved_input, tp_group)
+        saved = saved_for_weight_gradient(x, x_q, path, tp_group)
         if probe is not None:  # measures only: nothing below reads what it computes
             probe.forward_operands(x, weight, path, x_q, w_q, saved, tp_group)
         keep_exact = probe is not None and probe.oracle
@@ -65,9 +111,8 @@ class EmulatedLinearFunction(torch.autograd.Function):
         grad_input = torch.matmul(g_q, w_q)
         if ctx.allreduce_dgrad:  # column-parallel: the input was replicated across TP
             torch.distributed.all_reduce(grad_input, group=ctx.tp_group)
-        g2 = g_q.reshape(-1, g_q.shape[-1])
-        grad_weight = torch.matmul(g2.t(), saved.reshape(-1, saved.shape[-1]))
-        grad_bias = g2.sum(dim=0) if ctx.has_bias else None
+        grad_weight = weight_gradient(grad_output, g_q, saved, ctx.path, ctx.tp_group)
+        grad_bias = g_q.reshape(-1, g_q.shape[-1]).sum(dim=0) if ctx.has_bias else None
         if ctx.probe is not None:
             ctx.probe.grad_operand(grad_output, ctx.path, g_q, ctx.tp_group)
             if x_exact is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from megatron_gnmr.precision.paths import saved_for_weight_gradient, weight_gradient
 from megatron_gnmr.precision.scaling import quantize
 
 OPERANDS = ("input", "weight", "grad", "saved_input")
@@ -113,9 +114,9 @@ class UnitProbe:
             low_grad = grad_weight
         else:
             g_low = g if low.grad is None else quantize(g, low.grad, amax_group=group)
-            saved_spec = low.saved_input or low.input
-            x_low = x if saved_spec is None else quantize(x, saved_spec, amax_group=group)
-            low_grad = torch.matmul(g_low.t(), x_low)
+            x_low = x if low.input is None else quantize(x, low.input, amax_group=group)
+            saved = saved_for_weight_gradient(x, x_low, low, group)
+            low_grad = weight_gradient(g, g_low, saved, low, group)
         self._add(ORACLE, low_grad - exact, exact)
 
 

@@ -4,6 +4,7 @@
 |---|---|---|
 | `fp8-emulated` | E4M3 forward operands, E5M2 gradients (`--fp8-format hybrid`; `e4m3`: E4M3 everywhere), per-tensor current scaling (`--fp8-recipe tensorwise`), 1x128/128x128 (`blockwise`) or MX (`mxfp8`) | exact (megatron's linear) |
 | `deepseek` | FP6 (`--deepseek-low-format`, E2M3 default) with 1x128 activation/gradient tiles and 128x128 weight blocks, power-of-two scales | the same at FP8 E4M3 |
+| `nvfp4` | FP4 E2M1 in 1x16 blocks (16x16 for weights) with E4M3 block scales and an FP32 tensor scale, stochastic rounding on gradients, random Hadamard transform on the wgrad inputs | BF16 (`--nvfp4-recovery`; or FP8 tensorwise) |
 | `act-quant` | saved activation at `--act-quant-bits` (INT4 default) for the weight-gradient GEMM | saved at `--act-quant-recovery-bits` (8; 16 = exact) |
 | `te-fp8` | Transformer Engine FP8 (GPU) | BF16 under a disabled TE autocast |
 | `fp8-torchao` | real FP8 GEMMs through torchao (`torch._scaled_mm`): tensorwise or rowwise (`--fp8-recipe`) | exact (megatron's linear) |
@@ -54,6 +55,26 @@ def deepseek(config) -> Recipe:
         raise UserError(f"--deepseek-low-format {config.deepseek_low_format!r}: "
                         "use e2m3 or e3m2")
     return Recipe("deepseek", blockwise(config.deepseek_low_format), blockwise("e4m3"))
+
+
+def nvfp4(config) -> Recipe:
+    """NVFP4 (precision/nvfp4.py): E2M1 in 16-element blocks with E4M3 block scales and an
+    FP32 tensor scale; 16x16 weight blocks, stochastically rounded gradients and the random
+    Hadamard transform on the weight-gradient GEMM's inputs, each switchable."""
+    from megatron_gnmr.precision.nvfp4 import random_signs
+
+    if config.nvfp4_recovery not in ("bf16", "fp8"):
+        raise UserError(f"--nvfp4-recovery {config.nvfp4_recovery!r}: use bf16 or fp8")
+    values = QuantSpec("e2m1", "nvfp4")
+    grads = QuantSpec("e2m1", "nvfp4", stochastic=config.nvfp4_stochastic_rounding)
+    weights = QuantSpec("e2m1", "nvfp4-2d" if config.nvfp4_2d_weights else "nvfp4")
+    signs = tuple(random_signs().tolist()) if config.nvfp4_hadamard else None
+    low = GemmPath("nvfp4", values, weights, grads, wgrad_input=values, wgrad_grad=grads,
+                   hadamard_signs=signs)
+    recovery = EXACT if config.nvfp4_recovery == "bf16" else GemmPath(
+        "fp8", QuantSpec("e4m3", "tensor"), QuantSpec("e4m3", "tensor"),
+        QuantSpec("e5m2", "tensor"))
+    return Recipe("nvfp4", low, recovery)
 
 
 def act_quant(config) -> Recipe:

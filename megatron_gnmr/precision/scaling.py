@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from megatron_gnmr.precision.formats import Format, get_format, round_to_format_
 
-GRANULARITIES = ("tensor", "row", "tile", "block", "mx")
+GRANULARITIES = ("tensor", "row", "tile", "block", "mx", "nvfp4", "nvfp4-2d")
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,18 @@ class QuantSpec:
     format: str
     granularity: str = "tensor"
     pow2_scale: bool = False
-    block_size: int = 128  # tile and block edge; MX always uses 32
+    block_size: int = 128  # tile and block edge; MX always uses 32, NVFP4 16
+    stochastic: bool = False  # stochastic rounding (NVFP4 only; the global torch generator)
 
     def __post_init__(self):
         get_format(self.format)
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got "
                              f"{self.granularity!r}")
+        if self.granularity.startswith("nvfp4") and self.format != "e2m1":
+            raise ValueError("NVFP4 scaling is for E2M1 values")
+        if self.stochastic and not self.granularity.startswith("nvfp4"):
+            raise ValueError("stochastic rounding is implemented for NVFP4 only")
 
 
 def quantize(x: torch.Tensor, spec: QuantSpec, amax_group=None) -> torch.Tensor:
@@ -77,6 +82,18 @@ def _quantize(xf: torch.Tensor, spec: QuantSpec, fmt: Format, amax_group):
         amax = _amax(rows, dim=-1)
         return _scaled_round(rows, amax, fmt, spec.pow2_scale).reshape(xf.shape) \
             if _finite(amax) else None
+    if spec.granularity.startswith("nvfp4"):
+        from megatron_gnmr.precision.nvfp4 import quantize_nvfp4
+
+        amax = _amax(xf)
+        if amax_group is not None and torch.distributed.get_world_size(amax_group) > 1:
+            amax = torch.nan_to_num(amax, nan=math.inf)
+            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX,
+                                         group=amax_group)
+        if not _finite(amax):
+            return None
+        return quantize_nvfp4(xf, two_d=spec.granularity == "nvfp4-2d",
+                              stochastic=spec.stochastic, tensor_amax=amax)
     if spec.granularity in ("tile", "mx"):
         return _tiled(xf, 32 if spec.granularity == "mx" else spec.block_size, fmt, spec)
     return _blocked(xf, spec.block_size, fmt, spec.pow2_scale)

@@ -25,6 +25,9 @@ RECIPES = {  # flags, steps compared at rtol 1e-5
     "fp8-emulated-blockwise": (["--precision-recipe", "fp8-emulated", "--fp8-recipe",
                                 "blockwise"], 2),
     "deepseek": (["--precision-recipe", "deepseek"], 2),
+    # NVFP4's deterministic parts (stochastic rounding draws per element, so a TP shard
+    # draws other numbers than the whole tensor does)
+    "nvfp4": (["--precision-recipe", "nvfp4", "--no-nvfp4-stochastic-rounding"], 2),
     "act-quant": (["--precision-recipe", "act-quant", "--act-quant-bits", "3"], STEPS),
     "fp8-torchao": (["--precision-recipe", "fp8-torchao"], 2),
     # torchao's rowwise GEMMs round their float32 output through bf16 (its workaround for
