@@ -1,5 +1,5 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
-compare-alarms, compare-signals, estimate-memory)."""
+compare-alarms, compare-signals, estimate-memory, calibrate)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> None:
 
     quiet_known_warnings()
     from megatron_gnmr.arguments import OneLineErrorParser
-    from megatron_gnmr.controller import replay
+    from megatron_gnmr.controller import calibrate, replay
     from megatron_gnmr import estimate
     from megatron_gnmr.data import prepare
     from megatron_gnmr.experiments import alarm_comparison, runner, signal_comparison
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
         ("compare-alarms", alarm_comparison, "every alarm detector on a fault scenario's runs"),
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
         ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
+        ("calibrate", calibrate, "the units to keep in BF16, as Megatron's precision config"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)

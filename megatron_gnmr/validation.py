@@ -171,6 +171,13 @@ def validate_precision(config: RunConfig) -> None:
     if precision.act_quant_granularity not in ("tensor", "row", "tile"):
         raise UserError("--act-quant-granularity must be tensor, row or tile")
     build_recipe(precision)  # raises a UserError naming the flag
+    if precision.precision_config_file:
+        from megatron_gnmr.precision.precision_config_file import matchers
+
+        if precision.precision_recipe == "none":
+            raise UserError("--precision-config-file needs a --precision-recipe: without one "
+                            "every unit already runs in the run's precision")
+        matchers(precision.precision_config_file)  # raises a UserError naming the problem
     if precision.moe_dispatch_quant:
         from megatron_gnmr.precision.dispatch import DISPATCH_RECIPES
 

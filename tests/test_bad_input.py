@@ -144,6 +144,13 @@ IN_PROCESS = {
     "one_expert": (["--num-experts", "1"], "--num-experts"),
     "topk_above_experts": (["--num-experts", "2", "--moe-router-topk", "3"],
                            "--moe-router-topk"),
+    "precision_config_missing": (["--precision-recipe", "fp8-emulated",
+                                  "--precision-config-file", "/nonexistent.yaml"],
+                                 "--precision-config-file"),
+    "precision_config_without_recipe": (["--precision-config-file", "/nonexistent.yaml"],
+                                        "--precision-recipe"),
+    "nvfp4_bad_recovery": (["--precision-recipe", "nvfp4", "--nvfp4-recovery", "fp16"],
+                           "--nvfp4-recovery"),
     # the DeepSeek-style MoE fields
     "bad_score_function": (["--num-experts", "4", "--moe-router-score-function", "tanh"],
                            "--moe-router-score-function"),

@@ -167,7 +167,7 @@ def test_each_unit_switches_alone_dense_and_experts(megatron_world, monkeypatch)
     # Built without megatron's FP8 settings (they need TE), bound as te-fp8.
     config = parse_config([*TINY, "--num-experts", "4"])
     spec = te_backend.switchable_layer_spec(megatron_compat.local_layer_spec(4))
-    monkeypatch.setattr("megatron_gnmr.model.layer_spec", lambda config: spec)
+    monkeypatch.setattr("megatron_gnmr.model.layer_spec", lambda config, moe=True: spec)
     model = build_gpt_model(config, transformer_config(config), vocab_size=512)
     units = local_unit_modules([model], UnitShape(num_layers=2, num_experts=4))
     assert len(units) == 2 * (2 + 4 * 2)

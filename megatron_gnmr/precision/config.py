@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -24,6 +25,10 @@ class PrecisionConfig:
     """act-quant: bits on the recovery path (8, or 16 for exact)."""
     act_quant_granularity: str = "tensor"
     """act-quant scale granularity: tensor, row, tile."""
+    precision_config_file: Optional[str] = None
+    """Megatron's --te-precision-config-file YAML: the units whose module it keeps in BF16
+    run the recovery path in every step (precision/precision_config_file.py); write one with
+    `megatron-gnmr calibrate`."""
     nvfp4_recovery: str = "bf16"
     """nvfp4: the recovery path, bf16 (exact here) or fp8 (fp8-emulated's E4M3/E5M2
     tensorwise path)."""

@@ -18,6 +18,9 @@ class PrecisionPlan:
     """Unit names on the recovery path in this step."""
     all_recovery: bool = False
     """Static baseline: every unit on the recovery path."""
+    always: frozenset[str] = field(default_factory=frozenset)
+    """Units on the recovery path in every step (`--precision-config-file`); not part of the
+    state: the run's config gives them again on resume."""
     step: int = 0  # the training step this plan applies to (1-based)
 
     def advance(self, recovery_names, step: int) -> None:
@@ -25,7 +28,7 @@ class PrecisionPlan:
         self.step = step
 
     def is_recovery(self, unit_name: str) -> bool:
-        return self.all_recovery or unit_name in self.recovery
+        return self.all_recovery or unit_name in self.recovery or unit_name in self.always
 
     def state_dict(self) -> dict:
         return {"recovery": sorted(self.recovery), "step": self.step,

@@ -47,6 +47,7 @@ from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.platform.device import run_device, to_run_device
 from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention, FaultSchedule
 from megatron_gnmr.precision.plan import PrecisionPlan
+from megatron_gnmr.precision.precision_config_file import kept_high
 from megatron_gnmr.precision.probes import build_probes
 from megatron_gnmr.training import checkpoint, run_directory
 from megatron_gnmr.training.consensus import on_every_rank
@@ -140,9 +141,10 @@ class Trainer:
         config, t = self.config, self.config.training
         self.data = resolve_data(config.data)
         self.model = build_model(config, self.data.tokenizer.vocab_size)
-        self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
-                                  and not config.gnmr.enabled)
         shape = UnitShape.of(config.model)
+        self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
+                                  and not config.gnmr.enabled,
+                                  always=kept_high(config.precision, shape.names()))
         units_here = local_unit_modules(self.model, shape)
         registry = build_registry(self.model, shape, config.gnmr.units) \
             if config.gnmr.enabled else None
@@ -329,6 +331,7 @@ class Trainer:
             "pp": self.config.parallel.pipeline_model_parallel_size,
             "dp": parallel_state.get_data_parallel_world_size(),
             "gnmr_units": len(self.controller.unit_names),
+            **({"kept_in_bf16": len(self.plan.always)} if self.plan.always else {}),
         })
         if self.run_dir and is_logging_rank():
             # What this run was, for reference-band checks and for whoever reads it later.
