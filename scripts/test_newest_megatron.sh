@@ -2,7 +2,8 @@
 # The second environment: the same code on the newest megatron-core release (0.19.2, what
 # Python 3.12 clusters install), in .venv-newest, running the core subset: training at TP=1
 # (in-process, with resume) and TP=2/DP=2/PP=2, every emulated recipe with and without the
-# controller, the monitors, MoE at EP=2, the layer-spec surgery and the CPU patches, sequence
+# controller, the monitors, MoE at EP=2 (DeepSeek-style: shared experts, dispatch quantization),
+# NVFP4, the precision config file, the layer-spec surgery and the CPU patches, sequence
 # parallelism, recompute, the distributed optimizer's shards and overlaps.
 # megatron-core 0.19.2 asks for Python >= 3.12; on 3.11 it installs with
 # --ignore-requires-python plus a numpy that still supports 3.11 and triton (one unguarded
@@ -22,4 +23,5 @@ exec .venv-newest/bin/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist lo
   tests/test_megatron_compat.py tests/test_training_in_process.py tests/test_precision_paths.py \
   tests/test_te_path.py tests/test_cpu_patches.py tests/distributed/test_precision_tp.py \
   tests/distributed/test_monitors.py tests/distributed/test_parallel_training.py \
-  tests/distributed/test_grad_stats.py tests/test_memory_estimate.py "$@"
+  tests/distributed/test_grad_stats.py tests/test_memory_estimate.py \
+  tests/test_moe_precision.py tests/test_precision_config_file.py tests/test_nvfp4.py "$@"
