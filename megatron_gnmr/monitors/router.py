@@ -5,8 +5,8 @@ and the spread of the balancing bias (`router_stats.py`).
 The router's gating is wrapped so that, on an armed step, each forward's per-token entropy
 of the FULL routing distribution (before top-k: softmax, or sigmoid scores normalised), the
 entropy of the gates over the chosen experts and the tokens per expert (from the routing
-map) are kept on the device; `measure` reads them once. Unarmed steps cost one flag check. Token
-statistics are reduced over the data-parallel group (which holds the EP ranks too): the
+map) are kept on the device; `measure` reads them once. Unarmed steps cost one flag check.
+Token statistics are reduced over the data-parallel group (which holds the EP ranks too): the
 mean entropy and the load are global; the low quantile is the mean of the ranks' quantiles.
 """
 

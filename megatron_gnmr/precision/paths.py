@@ -12,9 +12,9 @@ weight-gradient GEMM's operands separately, along its reduction dimension (token
 random Hadamard transform (`wgrad_input`, `wgrad_grad`, `hadamard_signs`):
 
               dW = Q_wg(H dy)^T @ Q_wx(H x)       (H: 16 tokens at a time; H^T H = I)
- A path with every
-operand None is not emulated at all: such a unit runs megatron's own linear, so the
-recovery path of a BF16-recovery recipe is exactly the high-precision module.
+
+A path with every operand None is not emulated at all: such a unit runs megatron's own
+linear, so the recovery path of a BF16-recovery recipe is exactly the high-precision module.
 The backward always uses what its forward saved, so a unit's backward runs its forward's path.
 """
 
