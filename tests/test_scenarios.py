@@ -25,8 +25,20 @@ def smoke(tmp_path_factory):
 
 def test_every_scenario_is_listed():
     assert available() == ["act_quant_stress", "attention_fault", "combined_faults",
-                           "deepseek_hierarchy", "risk_signals_act_quant",
-                           "risk_signals_deepseek", "router_fault"]
+                           "deepseek_hierarchy", "frontier_nvfp4_noise",
+                           "risk_signals_act_quant", "risk_signals_deepseek", "router_fault"]
+
+
+def test_the_frontier_noise_scenario_is_valid_runs():
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.validation import validate
+
+    runs = list(load_scenario("frontier_nvfp4_noise").runs(smoke=False))
+    assert len(runs) == 8  # 2 variants x 4 seeds, as the issue asks (>= 4 seeds)
+    for variant, seed, flags in runs:
+        config = parse_config(flags)
+        validate(config, world_size=1)
+        assert config.model.num_layers >= 4 and config.model.hidden_size >= 256
 
 
 @pytest.mark.parametrize("name", ["risk_signals_act_quant", "risk_signals_deepseek"])
