@@ -64,15 +64,23 @@ def quantize_nvfp4(x: torch.Tensor, two_d: bool = False, stochastic: bool = Fals
 def stochastic_round(x: torch.Tensor, fmt: FloatFormat,
                      generator: torch.Generator | None = None) -> torch.Tensor:
     """Round to a neighbour on `fmt`'s grid with probability 1 - distance / quantum
-    (unbiased below the format's max; beyond it, saturate)."""
-    magnitude = x.abs().clamp(max=fmt.max_value)
-    exponent = torch.floor(torch.log2(torch.where(magnitude > 0, magnitude,
-                                                  torch.ones_like(magnitude))))
-    quantum = torch.exp2(exponent.clamp(min=fmt.min_exponent) - fmt.mantissa_bits)
-    low = torch.floor(magnitude / quantum) * quantum
-    draw = torch.rand(magnitude.shape, generator=generator, device=magnitude.device)
-    rounded = torch.where(draw < (magnitude - low) / quantum, low + quantum, low)
-    return torch.copysign(rounded.clamp(max=fmt.max_value), x)
+    (unbiased below the format's max; beyond it, saturate).
+
+    On the float32 bit pattern: among the normal numbers of `fmt`, the 23 - m low mantissa
+    bits of |x| are its distance above the lower neighbour in units of 2^-(23 - m) quanta, so
+    adding a uniform random integer below 2^(23 - m) carries into the kept bits with exactly
+    that probability, and clearing the low bits truncates (a carry out of the mantissa lands
+    on the next binade's first value, the upper neighbour). Below `fmt`'s smallest normal N
+    the quantum is that of [N, 2N), so |x| + N is rounded there and N taken off again (exact;
+    only |x|'s bits under float32's quantum at N, 2^-23 N, are lost to the shift)."""
+    magnitude = x.float().abs().clamp_(max=fmt.max_value)
+    dropped = 23 - fmt.mantissa_bits
+    draw = torch.randint(0, 2 ** dropped, magnitude.shape, generator=generator,
+                         dtype=torch.int32, device=magnitude.device)
+    shift = (magnitude < 2.0 ** fmt.min_exponent).float().mul_(2.0 ** fmt.min_exponent)
+    bits = magnitude.add_(shift).view(torch.int32).add_(draw).bitwise_and_(~(2 ** dropped - 1))
+    rounded = bits.view(torch.float32).sub_(shift).clamp_(max=fmt.max_value)
+    return torch.copysign(rounded, x.float())
 
 
 def hadamard_matrix(signs: torch.Tensor) -> torch.Tensor:
