@@ -105,18 +105,17 @@ class RouterMonitor:
                 values["expert_bias_spread"] = bias_spread(router.expert_bias)
             if self.entropies[layer]:
                 entropy = torch.cat([e.reshape(-1) for e in self.entropies[layer]])
+                gates = torch.cat([e.reshape(-1) for e in self.gate_entropies[layer]]) \
+                    if self.gate_entropies[layer] else entropy.new_zeros(0)
                 totals = torch.tensor([float(entropy.sum()), entropy.numel(),
-                                       float(torch.quantile(entropy, LOW_QUANTILE)), 1.0],
+                                       float(torch.quantile(entropy, LOW_QUANTILE)), 1.0,
+                                       float(gates.sum()), gates.numel()],
                                       dtype=torch.float64, device=run_device())
                 load = self.loads[layer].clone()
                 torch.distributed.all_reduce(totals, group=group)
                 torch.distributed.all_reduce(load, group=group)
-                if self.gate_entropies[layer]:
-                    gates = torch.cat([e.reshape(-1) for e in self.gate_entropies[layer]])
-                    gate_totals = torch.tensor([float(gates.sum()), gates.numel()],
-                                               dtype=torch.float64, device=run_device())
-                    torch.distributed.all_reduce(gate_totals, group=group)
-                    values["gate_entropy_mean"] = float(gate_totals[0] / gate_totals[1])
+                if totals[5] > 0:
+                    values["gate_entropy_mean"] = float(totals[4] / totals[5])
                 values.update({
                     "entropy_mean": float(totals[0] / totals[1]),
                     f"entropy_q{int(LOW_QUANTILE * 100):02d}": float(totals[2] / totals[3]),

@@ -19,6 +19,8 @@ outliers over its 16 tokens before the 1x16 quantization along tokens.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from megatron_gnmr.precision.formats import E2M1, E4M3, FloatFormat, round_to_format_
@@ -81,6 +83,12 @@ def stochastic_round(x: torch.Tensor, fmt: FloatFormat,
     bits = magnitude.add_(shift).view(torch.int32).add_(draw).bitwise_and_(~(2 ** dropped - 1))
     rounded = bits.view(torch.float32).sub_(shift).clamp_(max=fmt.max_value)
     return torch.copysign(rounded, x.float())
+
+
+@functools.lru_cache(maxsize=8)
+def cached_hadamard(signs: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """`hadamard_matrix` of fixed signs on `device`, built once (every unit's backward asks)."""
+    return hadamard_matrix(torch.tensor(signs)).to(device)
 
 
 def hadamard_matrix(signs: torch.Tensor) -> torch.Tensor:

@@ -65,10 +65,10 @@ def _along_tokens(x: torch.Tensor, spec: QuantSpec, path: GemmPath, group) -> to
     """[tokens, features] -> H x (if the path transforms), quantized in blocks along tokens."""
     matrix = x.reshape(-1, x.shape[-1])
     if path.hadamard_signs is not None:
-        from megatron_gnmr.precision.nvfp4 import hadamard_matrix, transform_tokens
+        from megatron_gnmr.precision.nvfp4 import cached_hadamard, transform_tokens
 
-        signs = torch.tensor(path.hadamard_signs)
-        matrix = transform_tokens(matrix, hadamard_matrix(signs)).to(x.dtype)
+        hadamard = cached_hadamard(path.hadamard_signs, x.device)
+        matrix = transform_tokens(matrix, hadamard).to(x.dtype)
     return quantize(matrix.t(), spec, amax_group=group).t()
 
 

@@ -51,9 +51,10 @@ def _load(path: str) -> dict:
     return document
 
 
-def matchers(path: str) -> list[tuple[str, str]]:
-    """The enabled (pattern, config) matchers in order, checked as megatron checks them."""
-    document = _load(path)
+def matchers(path: str, document: dict | None = None) -> list[tuple[str, str]]:
+    """The enabled (pattern, config) matchers in order, checked as megatron checks them
+    (`document`: the file's contents, if already read)."""
+    document = _load(path) if document is None else document
     configs = document.get("configs") or {}
     found = []
     for name, matcher in (document.get("matchers") or {}).items():
@@ -80,8 +81,9 @@ def is_high_precision(config: dict | None) -> bool:
 
 def high_precision_units(path: str, units: list[str]) -> list[str]:
     """The units whose module's first enabled matcher picks a BF16 config."""
-    configs = _load(path).get("configs") or {}
-    ordered = matchers(path)
+    document = _load(path)
+    configs = document.get("configs") or {}
+    ordered = matchers(path, document)
     chosen = []
     for unit in units:
         target = module_path(unit)

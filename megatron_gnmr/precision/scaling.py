@@ -71,11 +71,7 @@ def _quantize(xf: torch.Tensor, spec: QuantSpec, fmt: Format, amax_group):
     if xf.numel() == 0 and spec.granularity != "tensor":
         return xf  # nothing to round (an expert without tokens); no collective to join
     if spec.granularity == "tensor":
-        amax = _amax(xf)
-        if amax_group is not None and torch.distributed.get_world_size(amax_group) > 1:
-            amax = torch.nan_to_num(amax, nan=math.inf)  # MAX propagates Inf on every rank
-            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX,
-                                         group=amax_group)
+        amax = _tensor_amax(xf, amax_group)
         return _scaled_round(xf, amax, fmt, spec.pow2_scale) if _finite(amax) else None
     if spec.granularity == "row":
         rows = xf.reshape(-1, xf.shape[-1])
@@ -85,11 +81,7 @@ def _quantize(xf: torch.Tensor, spec: QuantSpec, fmt: Format, amax_group):
     if spec.granularity.startswith("nvfp4"):
         from megatron_gnmr.precision.nvfp4 import quantize_nvfp4
 
-        amax = _amax(xf)
-        if amax_group is not None and torch.distributed.get_world_size(amax_group) > 1:
-            amax = torch.nan_to_num(amax, nan=math.inf)
-            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX,
-                                         group=amax_group)
+        amax = _tensor_amax(xf, amax_group)  # the FP32 tensor scale's
         if not _finite(amax):
             return None
         return quantize_nvfp4(xf, two_d=spec.granularity == "nvfp4-2d",
@@ -97,6 +89,15 @@ def _quantize(xf: torch.Tensor, spec: QuantSpec, fmt: Format, amax_group):
     if spec.granularity in ("tile", "mx"):
         return _tiled(xf, 32 if spec.granularity == "mx" else spec.block_size, fmt, spec)
     return _blocked(xf, spec.block_size, fmt, spec.pow2_scale)
+
+
+def _tensor_amax(xf: torch.Tensor, amax_group) -> torch.Tensor:
+    """max |x| over the whole tensor, and over the TP group's shards of it."""
+    amax = _amax(xf)
+    if amax_group is not None and torch.distributed.get_world_size(amax_group) > 1:
+        amax = torch.nan_to_num(amax, nan=math.inf)  # MAX propagates Inf on every rank
+        torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=amax_group)
+    return amax
 
 
 def _amax(x: torch.Tensor, dim: int | tuple[int, ...] = ()) -> torch.Tensor:
