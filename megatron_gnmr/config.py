@@ -20,6 +20,7 @@ from typing import Optional
 from megatron_gnmr.controller.config import GNMRRunConfig
 from megatron_gnmr.data.config import DataConfig
 from megatron_gnmr.limits import check_limits, limit
+from megatron_gnmr.lora.config import LoRAConfig
 from megatron_gnmr.monitors.config import MonitorConfig
 from megatron_gnmr.observe.config import LoggingConfig
 from megatron_gnmr.precision.config import PrecisionConfig
@@ -140,7 +141,11 @@ class TrainingConfig:
     save: Optional[str] = None
     """Run directory: checkpoints, metrics.jsonl and traces go here."""
     load: Optional[str] = None
-    """Checkpoint directory to resume from (its `latest`)."""
+    """Checkpoint directory to resume from (its `latest`); with --finetune, the base run."""
+    finetune: bool = False
+    """Megatron's --finetune: read only the model weights of --load (no optimizer, scheduler,
+    RNG or step) and start at step 0. With --lora, the fine-tune's checkpoints hold the
+    adapters and a pointer to the base (its path and hash), which a resume reloads."""
     resume: Optional[str] = None
     """`auto`: resume from the newest complete checkpoint in --save if there is one."""
     overwrite: bool = False
@@ -195,6 +200,7 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     gnmr: GNMRRunConfig = field(default_factory=GNMRRunConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -209,8 +215,8 @@ SECTIONS = {name: kind for name, kind in typing.get_type_hints(RunConfig).items(
 
 
 def flag_name(section: str, name: str) -> str:
-    """The command-line flag of a config field (Megatron's name; `--gnmr-*` for the
-    controller's section)."""
-    if section == "gnmr":
-        return "--gnmr" if name == "enabled" else f"--gnmr-{name.replace('_', '-')}"
+    """The command-line flag of a config field (Megatron's name; `--gnmr-*` and `--lora-*`
+    for the controller's and LoRA's sections)."""
+    if section in ("gnmr", "lora"):
+        return f"--{section}" if name == "enabled" else f"--{section}-{name.replace('_', '-')}"
     return f"--{name.replace('_', '-')}"

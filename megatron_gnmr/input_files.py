@@ -34,8 +34,14 @@ def check_data(data) -> None:
     writable_directory("--data-cache-dir", data.data_cache_dir)
     if data.data_path is None:
         if data.tokenizer_model is not None:
-            raise UserError("--tokenizer-model goes with --data-path (the prepared Shakespeare "
-                            "data brings its own tokenizer)")
+            raise UserError("--tokenizer-model goes with --data-path (a prepared corpus brings "
+                            "its own tokenizer; --tokenizer-corpus picks another corpus's)")
+        from megatron_gnmr.data.prepare import CORPORA
+
+        for flag, name in (("--corpus", data.corpus), ("--tokenizer-corpus",
+                                                        data.tokenizer_corpus)):
+            if name is not None and name not in CORPORA:
+                raise UserError(f"{flag} {name!r}: use one of {', '.join(CORPORA)}")
         return
     from megatron_gnmr.data.indexed import check_indexed_dataset, check_token_range
     from megatron_gnmr.data.tokenizer import Tokenizer

@@ -151,6 +151,8 @@ def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
     """This rank's model chunks (one: no virtual pipeline), ready for megatron's schedules."""
     tconfig = transformer_config(config)
     model: torch.nn.Module = build_gpt_model(config, tconfig, vocab_size)
+    if config.lora.enabled:  # before DDP: its buffers hold the trainable parameters only
+        add_lora(model, config, tconfig)
     # On the run's device before megatron's wrappers (as megatron's own `get_model` does):
     # DDP's gradient buffers and the optimizer take the parameters where they are.
     model.to(run_device())
@@ -166,6 +168,16 @@ def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
     )
     model = DistributedDataParallel(tconfig, ddp_config, model)
     return [model]
+
+
+def add_lora(model: GPTModel, config: RunConfig, tconfig: TransformerConfig) -> None:
+    """Adapters on the targeted unit linears of this stage; everything else frozen."""
+    from megatron_gnmr.controller.units import UnitShape, local_unit_modules
+    from megatron_gnmr.lora.adapters import attach_adapters, freeze_base
+
+    attach_adapters(local_unit_modules([model], UnitShape.of(config.model)), config.lora,
+                    tconfig)
+    freeze_base(model)
 
 
 def unwrap(chunk: torch.nn.Module) -> GPTModel:

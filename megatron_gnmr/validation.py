@@ -27,6 +27,7 @@ def validate(config: RunConfig, world_size: int) -> None:
     validate_monitors(config)
     validate_moe(config, world_size)
     validate_controller(config)
+    validate_lora(config)
     validate_run(config)
     input_files.check_data(config.data)
 
@@ -296,7 +297,9 @@ def validate_controller(config: RunConfig) -> None:
         return
     from megatron_gnmr.controller.units import UnitShape, eligible_unit_names
 
-    eligible_unit_names(UnitShape.of(m), gnmr.units)  # raises if it matches none
+    from megatron_gnmr.lora.adapters import lora_units
+
+    eligible_unit_names(UnitShape.of(m), gnmr.units, lora_units(config))  # raises if none
     probed = gnmr.probed()
     from megatron_gnmr.precision.backends import BACKENDS, backend
 
@@ -312,6 +315,30 @@ def validate_controller(config: RunConfig) -> None:
 
     if "monitor" in parse_signals(gnmr.signals) and not config.monitor.monitors:
         raise UserError("--gnmr-signals monitor needs --monitors attention and/or router")
+
+
+def validate_lora(config: RunConfig) -> None:
+    lora, p = config.lora, config.parallel
+    if config.training.finetune and config.training.load is None:
+        raise UserError("--finetune reads the model weights of --load BASE_RUN: give --load")
+    if not lora.enabled:
+        return
+    from megatron_gnmr.controller.units import UnitShape
+    from megatron_gnmr.lora.adapters import check_dim, check_targets
+
+    if config.model.num_experts:
+        raise UserError("--lora with --num-experts is not supported yet (dense models only)")
+    if config.precision.precision_recipe == "te-fp8":
+        raise UserError("--lora with --precision-recipe te-fp8 is not supported yet: TE fuses "
+                        "the norm into linear_qkv and linear_fc1, whose adapters need the "
+                        "normalised input")
+    if p.sequence_parallel:
+        raise UserError("--lora with --sequence-parallel is not supported yet")
+    if lora.dropout_position not in ("pre", "post"):
+        raise UserError(f"--lora-dropout-position must be pre or post, got "
+                        f"{lora.dropout_position!r}")
+    check_dim(lora, p.tensor_model_parallel_size)
+    check_targets(lora.target_modules, UnitShape.of(config.model).names())
 
 
 def validate_run(config: RunConfig) -> None:

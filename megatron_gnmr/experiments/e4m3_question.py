@@ -211,7 +211,8 @@ def _stochastic(scaled, fmt: str, generator):
     return torch.copysign(rounded, scaled)
 
 
-def _independent_linear(x, weight, bias, path, allreduce_dgrad, tp_group, probe=None):
+def _independent_linear(x, weight, bias, path, allreduce_dgrad, tp_group, probe=None,
+                        parallel=None):
     assert bias is None and not allreduce_dgrad, "the independent path is TP=1, no bias"
     return _IndependentLinear.apply(x, weight, path)
 

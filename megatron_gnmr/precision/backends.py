@@ -64,6 +64,7 @@ BACKENDS = {
     "deepseek": Backend(recipes.deepseek, experts=True),
     "nvfp4": Backend(recipes.nvfp4, experts=True),
     "act-quant": Backend(recipes.act_quant, experts=True),
+    "w8a8": Backend(recipes.w8a8, experts=True),
     "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate),
     # Our --fp8-format / --fp8-recipe values are megatron's own.
     "te-fp8": Backend(recipe=None, layer_spec=_te_spec, validate=_te_validate,

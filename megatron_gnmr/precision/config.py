@@ -9,7 +9,7 @@ from typing import Optional
 @dataclass
 class PrecisionConfig:
     precision_recipe: str = "none"
-    """none | fp8-emulated | deepseek | nvfp4 | act-quant | fp8-torchao | te-fp8: the low-cost and
+    """none | fp8-emulated | deepseek | nvfp4 | w8a8 | act-quant | fp8-torchao | te-fp8: the low-cost and
     recovery path pair of every unit (precision/backends.py)."""
     precision_static: str = "low"
     """Without --gnmr: every unit on the `low` cost path or on the `recovery` path."""

@@ -40,7 +40,7 @@ class _PathRoutedLinear:
             return torchao_linear(input, weight, kwargs.get("bias"), path, allreduce_dgrad,
                                   self.tp_group, self.parallel, probe)
         return emulated_linear(input, weight, kwargs.get("bias"), path, allreduce_dgrad,
-                               self.tp_group, probe)
+                               self.tp_group, probe, parallel=self.parallel)
 
 
 class EmulatedColumnParallelLinear(_PathRoutedLinear, ColumnParallelLinear):

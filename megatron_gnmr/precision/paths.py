@@ -57,8 +57,16 @@ class GemmPath:
                     or self.wgrad_input or self.wgrad_grad)
 
 
-def _maybe(x: torch.Tensor, spec: QuantSpec | None, group) -> torch.Tensor:
-    return x if spec is None else quantize(x, spec, amax_group=group)
+def _maybe(x: torch.Tensor, spec: QuantSpec | None, group, rows_split: bool = False):
+    """x quantized by `spec`. A per-tensor amax is reduced over the TP `group` (a sharded
+    tensor scales like the whole one); a per-row amax only when TP splits the rows
+    (`rows_split`: the row is the GEMM's K for x and W of a row-parallel linear, N for dy of
+    a column-parallel one), since otherwise each rank holds whole, different rows."""
+    if spec is None:
+        return x
+    if spec.granularity == "row" and not rows_split:
+        group = None
+    return quantize(x, spec, amax_group=group)
 
 
 def _along_tokens(x: torch.Tensor, spec: QuantSpec, path: GemmPath, group) -> torch.Tensor:
@@ -72,11 +80,11 @@ def _along_tokens(x: torch.Tensor, spec: QuantSpec, path: GemmPath, group) -> to
     return quantize(matrix.t(), spec, amax_group=group).t()
 
 
-def saved_for_weight_gradient(x, x_q, path: GemmPath, group) -> torch.Tensor:
+def saved_for_weight_gradient(x, x_q, path: GemmPath, group, k_split: bool = False):
     """What the forward keeps of x for dW (`x_q`: the forward's quantized input)."""
     if path.wgrad_input is not None:
         return _along_tokens(x, path.wgrad_input, path, group)
-    return x_q if path.saved_input is None else _maybe(x, path.saved_input, group)
+    return x_q if path.saved_input is None else _maybe(x, path.saved_input, group, k_split)
 
 
 def weight_gradient(grad_output, g_q, saved, path: GemmPath, group) -> torch.Tensor:
@@ -91,36 +99,41 @@ def weight_gradient(grad_output, g_q, saved, path: GemmPath, group) -> torch.Ten
 class EmulatedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group,
-                probe=None):
-        x_q = _maybe(x, path.input, tp_group)
-        w_q = _maybe(weight, path.weight, tp_group)
-        saved = saved_for_weight_gradient(x, x_q, path, tp_group)
+                probe=None, parallel: str | None = None):
+        k_split = parallel == "row"  # x and W split along K (N is split for "column")
+        x_q = _maybe(x, path.input, tp_group, k_split)
+        w_q = _maybe(weight, path.weight, tp_group, k_split)
+        saved = saved_for_weight_gradient(x, x_q, path, tp_group, k_split)
         if probe is not None:  # measures only: nothing below reads what it computes
             probe.forward_operands(x, weight, path, x_q, w_q, saved, tp_group)
         keep_exact = probe is not None and probe.oracle
         ctx.save_for_backward(saved, w_q, x if keep_exact else None)
         ctx.path, ctx.allreduce_dgrad, ctx.tp_group = path, allreduce_dgrad, tp_group
-        ctx.has_bias, ctx.probe = bias is not None, probe
+        ctx.has_bias, ctx.probe, ctx.n_split = bias is not None, probe, parallel == "column"
         out = torch.matmul(x_q, w_q.t())
         return out + bias if bias is not None else out
 
     @staticmethod
     def backward(ctx, grad_output):
         saved, w_q, x_exact = ctx.saved_tensors
-        g_q = _maybe(grad_output, ctx.path.grad, ctx.tp_group)
+        g_q = _maybe(grad_output, ctx.path.grad, ctx.tp_group, ctx.n_split)
         grad_input = torch.matmul(g_q, w_q)
         if ctx.allreduce_dgrad:  # column-parallel: the input was replicated across TP
             torch.distributed.all_reduce(grad_input, group=ctx.tp_group)
-        grad_weight = weight_gradient(grad_output, g_q, saved, ctx.path, ctx.tp_group)
+        # A frozen weight (the base of a LoRA fine-tune) gets no weight-gradient GEMM.
+        grad_weight = weight_gradient(grad_output, g_q, saved, ctx.path, ctx.tp_group) \
+            if ctx.needs_input_grad[1] else None
         grad_bias = g_q.reshape(-1, g_q.shape[-1]).sum(dim=0) if ctx.has_bias else None
         if ctx.probe is not None:
             ctx.probe.grad_operand(grad_output, ctx.path, g_q, ctx.tp_group)
-            if x_exact is not None:
+            if x_exact is not None and grad_weight is not None:
                 ctx.probe.weight_gradient(grad_output, x_exact, ctx.path, grad_weight,
                                           ctx.tp_group)
-        return grad_input, grad_weight, grad_bias, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
 
 def emulated_linear(x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group,
-                    probe=None):
-    return EmulatedLinearFunction.apply(x, weight, bias, path, allreduce_dgrad, tp_group, probe)
+                    probe=None, parallel: str | None = None):
+    """`parallel`: the linear's TP split, `column` (N) or `row` (K); None: not split."""
+    return EmulatedLinearFunction.apply(x, weight, bias, path, allreduce_dgrad, tp_group, probe,
+                                        parallel)

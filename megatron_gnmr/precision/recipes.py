@@ -5,6 +5,7 @@
 | `fp8-emulated` | E4M3 forward operands, E5M2 gradients (`--fp8-format hybrid`; `e4m3`: E4M3 everywhere), per-tensor current scaling (`--fp8-recipe tensorwise`), 1x128/128x128 (`blockwise`) or MX (`mxfp8`) | exact (megatron's linear) |
 | `deepseek` | FP6 (`--deepseek-low-format`, E2M3 default) with 1x128 activation/gradient tiles and 128x128 weight blocks, power-of-two scales | the same at FP8 E4M3 |
 | `nvfp4` | FP4 E2M1 in 1x16 blocks (16x16 for weights) with E4M3 block scales and an FP32 tensor scale, stochastic rounding on gradients, random Hadamard transform on the wgrad inputs | BF16 (`--nvfp4-recovery`; or FP8 tensorwise) |
+| `w8a8` | INT8 GEMM operands, symmetric: per-token activations, per-output-channel weights (LoRA's frozen base; the dgrad uses the INT8 weight, gradients unquantized) | exact (megatron's linear) |
 | `act-quant` | saved activation at `--act-quant-bits` (INT4 default) for the weight-gradient GEMM | saved at `--act-quant-recovery-bits` (8; 16 = exact) |
 | `te-fp8` | Transformer Engine FP8 (GPU) | BF16 under a disabled TE autocast |
 | `fp8-torchao` | real FP8 GEMMs through torchao (`torch._scaled_mm`): tensorwise or rowwise (`--fp8-recipe`) | exact (megatron's linear) |
@@ -75,6 +76,14 @@ def nvfp4(config) -> Recipe:
         "fp8", QuantSpec("e4m3", "tensor"), QuantSpec("e4m3", "tensor"),
         QuantSpec("e5m2", "tensor"))
     return Recipe("nvfp4", low, recovery)
+
+
+def w8a8(config) -> Recipe:
+    """SmoothQuant-style W8A8 without smoothing: one scale per token of x and one per output
+    channel of W (rows of both in [-1, K]); the backward's dx = dy @ W_q reads the same INT8
+    weight, and a trainable weight's dW = dy^T @ x_q."""
+    low = GemmPath("w8a8", input=QuantSpec("int8", "row"), weight=QuantSpec("int8", "row"))
+    return Recipe("w8a8", low, EXACT)
 
 
 def act_quant(config) -> Recipe:

@@ -5,7 +5,7 @@ Granularities (the last dimension is the GEMM's reduction dimension K):
 | granularity | one scale per | used by |
 |---|---|---|
 | `tensor` | whole tensor (amax reduced over the TP group) | TE current scaling |
-| `row` | row of the [-1, K] view | per-token / per-channel |
+| `row` | row of the [-1, K] view (amax reduced over the TP group, if one is given: the rows are split) | per-token / per-channel (W8A8) |
 | `tile` | 1 x 128 slice of a row | DeepSeek-V3 / TE Float8BlockScaling activations, grads |
 | `block` | 128 x 128 block of a 2-D weight | DeepSeek-V3 / TE Float8BlockScaling weights |
 | `mx` | 1 x 32 slice, scale a power of two (E8M0) | OCP MX / TE MXFP8BlockScaling |
@@ -75,7 +75,7 @@ def _quantize(xf: torch.Tensor, spec: QuantSpec, fmt: Format, amax_group):
         return _scaled_round(xf, amax, fmt, spec.pow2_scale) if _finite(amax) else None
     if spec.granularity == "row":
         rows = xf.reshape(-1, xf.shape[-1])
-        amax = _amax(rows, dim=-1)
+        amax = _group_max(_amax(rows, dim=-1), amax_group)
         return _scaled_round(rows, amax, fmt, spec.pow2_scale).reshape(xf.shape) \
             if _finite(amax) else None
     if spec.granularity.startswith("nvfp4"):
@@ -93,7 +93,12 @@ def _quantize(xf: torch.Tensor, spec: QuantSpec, fmt: Format, amax_group):
 
 def _tensor_amax(xf: torch.Tensor, amax_group) -> torch.Tensor:
     """max |x| over the whole tensor, and over the TP group's shards of it."""
-    amax = _amax(xf)
+    return _group_max(_amax(xf), amax_group)
+
+
+def _group_max(amax: torch.Tensor, amax_group) -> torch.Tensor:
+    """The elementwise max of `amax` over the group's ranks (their shards of the same
+    tensor, or of the same rows)."""
     if amax_group is not None and torch.distributed.get_world_size(amax_group) > 1:
         amax = torch.nan_to_num(amax, nan=math.inf)  # MAX propagates Inf on every rank
         torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=amax_group)

@@ -40,6 +40,7 @@ from megatron_gnmr.data.datasets import (
     resolve_data,
 )
 from megatron_gnmr.errors import RunAborted
+from megatron_gnmr.lora.adapters import lora_units
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
 from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite, NoMonitors
@@ -53,6 +54,7 @@ from megatron_gnmr.training import checkpoint, run_directory
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.faults import NO_FAULTS, FaultHooks
+from megatron_gnmr.training.finetune import load_base_weights
 from megatron_gnmr.training.memory_estimate import GIB
 from megatron_gnmr.training.memory_estimate import estimate as estimate_memory
 from megatron_gnmr.training.overlap import CommunicationOverlap
@@ -131,6 +133,7 @@ class Trainer:
         self.train_reader = BatchReader(train, t.micro_batch_size, t.global_batch_size)
         self.valid_reader = BatchReader(valid, t.micro_batch_size, t.global_batch_size)
         self.state = RunState()
+        self.base = None  # --finetune: the base checkpoint's identity
         self.run_dir = t.save
         self.logger = NullLogger()  # real loggers open after --load is validated
         self.forward_backward = get_forward_backward_func()
@@ -146,7 +149,7 @@ class Trainer:
                                   and not config.gnmr.enabled,
                                   always=kept_high(config.precision, shape.names()))
         units_here = local_unit_modules(self.model, shape)
-        registry = build_registry(self.model, shape, config.gnmr.units) \
+        registry = build_registry(self.model, shape, config.gnmr.units, lora_units(config)) \
             if config.gnmr.enabled else None
         probes = build_probes(config, registry)
         bind_precision(units_here, config, self.plan, probes)
@@ -254,8 +257,12 @@ class Trainer:
         if t.overwrite and is_logging_rank():
             run_directory.clear_for_overwrite(t.save)
         torch.distributed.barrier()
-        source = t.load or (t.save if run_directory.resumes(t)
-                            and checkpoint.checkpoint_steps(t.save) else None)
+        own = t.save if run_directory.resumes(t) and checkpoint.checkpoint_steps(t.save) else None
+        if t.finetune:  # the base's weights, then (resuming) this fine-tune's own state
+            self.base = load_base_weights(self.model, t.load, self.checkpoints.settings())
+            source = own
+        else:
+            source = t.load or own
         choice = self.checkpoints.load(source) if source else None
         self.logger = build_loggers(self.config, self.run_dir, torch.distributed.get_rank(),
                                     resume_step=self.state.step)

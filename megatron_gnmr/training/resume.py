@@ -19,6 +19,7 @@ from megatron_gnmr.data.indexed import dataset_fingerprint
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.consensus import on_every_rank
+from megatron_gnmr.training.finetune import adapter_state, load_adapters
 from megatron_gnmr.training.optimizer_state import load_optimizer_state, optimizer_state
 from megatron_gnmr.training.resume_contract import check_resume, resume_settings
 
@@ -42,9 +43,18 @@ class RunCheckpoints:
 
     def settings(self) -> dict:
         trainer = self.trainer
-        return resume_settings(trainer.config, dataset_fingerprint(trainer.data.prefix),
-                               trainer.data.tokenizer.vocab_size,
-                               torch.distributed.get_world_size())
+        settings = resume_settings(trainer.config, dataset_fingerprint(trainer.data.prefix),
+                                   trainer.data.tokenizer.vocab_size,
+                                   torch.distributed.get_world_size())
+        if trainer.base is not None:
+            settings["base checkpoint (--finetune --load) sha256"] = trainer.base["sha256"]
+        return settings
+
+    @property
+    def adapters_only(self) -> bool:
+        """A LoRA fine-tune saves its adapters; its base is --load's."""
+        t = self.trainer.config
+        return t.training.finetune and t.lora.enabled
 
     def save(self, step: int) -> None:
         trainer = self.trainer
@@ -52,8 +62,9 @@ class RunCheckpoints:
             trainer.logger.event(step, "checkpoint_skipped", {"reason": "non-finite loss"})
             return
         trainer.controller.verify_agreement(step)
+        state_of = adapter_state if self.adapters_only else model_state
         with trainer.overlap.whole_weights():
-            models = [model_state(chunk) for chunk in trainer.model]
+            models = [state_of(chunk) for chunk in trainer.model]
         shard = {
             "model": models,
             "optimizer": optimizer_state(trainer.optimizer),
@@ -63,8 +74,10 @@ class RunCheckpoints:
             "controller": trainer.controller.state_dict(),
             "monitors": trainer.monitors.state_dict(),
         }
-        path = checkpoint.save_checkpoint(trainer.run_dir, step, shard,
-                                          {"settings": self.settings()},
+        meta = {"settings": self.settings()}
+        if self.adapters_only:
+            meta["lora"] = {"base": trainer.base, **trainer.config.to_dict()["lora"]}
+        path = checkpoint.save_checkpoint(trainer.run_dir, step, shard, meta,
                                           trainer.config.training.keep_last, trainer.faults)
         trainer.logger.event(step, "checkpoint", {"path": str(path)})
 
@@ -97,7 +110,10 @@ class RunCheckpoints:
         shard = checkpoint.load_shard(directory)
         try:
             for chunk, state in zip(trainer.model, shard["model"], strict=True):
-                load_model_state(chunk, state)
+                if self.adapters_only:
+                    load_adapters(chunk, state, f"--load {directory}")
+                else:
+                    load_model_state(chunk, state)
             load_optimizer_state(trainer.optimizer, shard["optimizer"])
             trainer.scheduler.load_state_dict(shard["scheduler"])
             trainer.state.load_state_dict(shard["run_state"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from megatron_gnmr.config import flag_name
+from megatron_gnmr.config import ModelConfig, flag_name
 from megatron_gnmr.errors import UserError
 
 CONTRACT = {
@@ -22,14 +22,17 @@ CONTRACT = {
     "parallel": ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                  "expert_model_parallel_size", "use_distributed_optimizer"),
     "training": ("bf16", "seed", "global_batch_size", "train_iters", "lr", "min_lr",
-                 "lr_warmup_iters", "weight_decay"),
+                 "lr_warmup_iters", "weight_decay", "finetune"),
     "data": ("split",),
 }
 WHEN_ON = {  # checked only when the component is on in both runs (its on-switch always is)
     "gnmr": ("enabled", ("units", "delta", "signals", "qerr_baseline", "selection_seed",
                          "budget_rate")),
     "monitor": ("monitors", ("monitor_detector", "monitor_interval", "monitor_delta")),
+    "lora": ("enabled", ("target_modules", "dim", "alpha")),
 }
+LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+          "expert_model_parallel_size")
 
 
 def resume_settings(config, dataset: str, vocab_size: int, world_size: int) -> dict:
@@ -45,6 +48,15 @@ def resume_settings(config, dataset: str, vocab_size: int, world_size: int) -> d
         if getattr(values, switch):
             settings.update({flag_name(section, name): getattr(values, name) for name in names})
     return json.loads(json.dumps(settings))  # as meta.json will give it back
+
+
+def base_settings(settings: dict) -> dict:
+    """What a fine-tune's base must share with it (per-rank weights): the model's shape,
+    the parallel layout, the process count and the vocabulary."""
+    names = {flag_name("model", f.name) for f in dataclasses.fields(ModelConfig)}
+    names |= {flag_name("parallel", name) for name in LAYOUT}
+    names |= {"launch processes", "vocab size"}
+    return {name: value for name, value in settings.items() if name in names}
 
 
 def check_resume(directory, saved: dict | None, current: dict) -> None:

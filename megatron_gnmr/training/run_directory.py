@@ -33,7 +33,9 @@ def restart_attempt() -> int:
 
 
 def resumes(training) -> bool:
-    return training.resume == "auto" or training.load is not None or restart_attempt() > 0
+    """Whether the launch continues a run (a --finetune's --load is its base, not a run)."""
+    starts_from_load = training.load is not None and not training.finetune
+    return training.resume == "auto" or starts_from_load or restart_attempt() > 0
 
 
 def check_run_directory(training) -> None:

@@ -1,0 +1,33 @@
+"""The lora section of a run's config (`--lora`, `--lora-dim`, ...), in Megatron-Bridge's
+PEFT vocabulary (`LoRA(target_modules, dim, alpha, dropout, dropout_position)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megatron_gnmr.limits import check_limits, limit
+
+TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+@dataclass
+class LoRAConfig:
+    enabled: bool = False
+    """LoRA: freeze every base parameter and train low-rank adapters on --lora-target-modules
+    (usually with --finetune --load BASE_RUN). --gnmr: the adapted linears are the units,
+    scored on their adapters' gradients."""
+    target_modules: list[str] = field(default_factory=lambda: list(TARGET_MODULES),
+                                      metadata={"metavar": "MODULE"})
+    """LoRA: linear_qkv, linear_proj, linear_fc1, linear_fc2, or globs over the module path
+    (`*.layers.0.*.linear_qkv`, global layer numbers)."""
+    dim: int = limit(32, ge=1)
+    """LoRA: the adapters' rank r."""
+    alpha: float = limit(32.0, gt=0)
+    """LoRA: the update is scaled by alpha / dim."""
+    dropout: float = limit(0.0, ge=0, lt=1)
+    """LoRA: dropout on the adapter's path."""
+    dropout_position: str = "pre"
+    """LoRA: dropout on the adapter's input (pre) or output (post)."""
+
+    def __post_init__(self) -> None:
+        check_limits(self, "lora")

@@ -1,0 +1,98 @@
+"""`--finetune --load BASE_RUN`: the base's model weights, and nothing else of it.
+
+The base checkpoint is chosen and hash-checked like any checkpoint (`checkpoint.py`), then
+only its model state is read: no optimizer, scheduler, RNG, step or controller state. Its
+identity (path and the sha256 of its meta.json, which records every shard's sha256) goes
+into the fine-tune's settings, so a fine-tune's checkpoints name their base and a resume
+over another base is refused. With LoRA, a fine-tune's checkpoints hold the adapters only;
+the base is loaded again from --load on resume.
+
+Checkpoints are per-rank shards of a fixed layout, so the base must have been written by the
+same layout (TP, PP, EP and process count) and model shape as the fine-tune.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.training import checkpoint
+from megatron_gnmr.training.resume_contract import base_settings
+
+ADAPTER = ".adapter."
+
+
+def is_adapter_key(key: str) -> bool:
+    return ADAPTER in f".{key}"
+
+
+def base_identity(directory: Path) -> dict:
+    """Where the base is and what it is: its meta.json's sha256 covers every shard's hash."""
+    meta = (Path(directory) / "meta.json").read_bytes()
+    return {"path": str(Path(directory).resolve()), "sha256": hashlib.sha256(meta).hexdigest()}
+
+
+def check_base_fits(directory: Path, base: dict | None, current: dict) -> None:
+    """The base was written by this run's model shape and layout (per-rank shards)."""
+    if not isinstance(base, dict):
+        raise UserError(f"--load {directory}: meta.json records no settings (written by an "
+                        "older megatron-gnmr)")
+    for name, value in base_settings(current).items():
+        if base.get(name) != value:
+            raise UserError(f"--finetune --load {directory}: the base was written with {name} "
+                            f"{base.get(name)!r}, this run has {value!r}; fine-tune with the "
+                            "base's model shape and parallel layout")
+
+
+def load_base_weights(model_chunks, load: str, current_settings: dict) -> dict:
+    """Collective: read the base's model weights into the chunks; returns its identity."""
+    from megatron_gnmr.training.consensus import on_every_rank
+
+    choice = checkpoint.choose_checkpoint(load)
+    meta = checkpoint.read_meta(choice.directory)
+    if "lora" in meta:
+        raise UserError(f"--finetune --load {choice.directory}: that is a LoRA fine-tune's "
+                        "checkpoint (adapters only); merge it into full weights first "
+                        "(`megatron-gnmr merge-lora`) and fine-tune from the merged run")
+    check_base_fits(choice.directory, meta.get("settings"), current_settings)
+
+    def apply() -> None:
+        shard = checkpoint.load_shard(choice.directory)
+        for chunk, state in zip(model_chunks, shard["model"], strict=True):
+            load_weights(chunk, state, f"--finetune --load {choice.directory}")
+    on_every_rank(apply)
+    return base_identity(choice.directory)
+
+
+def load_weights(chunk: torch.nn.Module, state: dict, source: str) -> None:
+    """Weights into a chunk whose adapters (if any) the state lacks; anything else missing
+    or unexpected is an error."""
+    live = chunk.state_dict()
+    unexpected = [k for k in state if k not in live]
+    missing = [k for k in live if k not in state and not is_adapter_key(k)
+               and not k.endswith("_extra_state")]
+    if unexpected or missing:
+        first = (unexpected or missing)[0]
+        raise UserError(f"{source}: the weights do not fit this model ({len(unexpected)} "
+                        f"unexpected, {len(missing)} missing, e.g. {first})")
+    with torch.no_grad():
+        for key, value in state.items():
+            live[key].copy_(value)
+
+
+def adapter_state(chunk: torch.nn.Module) -> dict:
+    return {k: v for k, v in chunk.state_dict().items() if is_adapter_key(k)}
+
+
+def load_adapters(chunk: torch.nn.Module, state: dict, source: str) -> None:
+    """A fine-tune's adapters (exactly this model's) into a chunk that holds the base."""
+    live = adapter_state(chunk)
+    if set(state) != set(live):
+        raise UserError(f"{source}: the adapters do not fit this model (a different "
+                        "--lora-target-modules or layout)")
+    with torch.no_grad():
+        for key, value in state.items():
+            live[key].copy_(value)
