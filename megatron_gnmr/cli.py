@@ -1,5 +1,5 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
-compare-alarms, compare-signals, estimate-memory, calibrate)."""
+compare-alarms, compare-signals, estimate-memory, calibrate, evaluate, merge-lora)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_gnmr.controller import calibrate, replay
     from megatron_gnmr import estimate
     from megatron_gnmr.data import prepare
+    from megatron_gnmr.evaluation import command as evaluate
     from megatron_gnmr.experiments import alarm_comparison, runner, signal_comparison
     from megatron_gnmr.observe import report
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
         ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
         ("calibrate", calibrate, "the units to keep in BF16, as Megatron's precision config"),
+        ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)

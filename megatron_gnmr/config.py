@@ -205,6 +205,12 @@ class RunConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        """A run's config.json back (sections it lacks keep their defaults)."""
+        hints = typing.get_type_hints(cls)
+        return cls(**{name: hints[name](**values[name]) for name in hints if name in values})
+
 
 def launch_world_size() -> int:
     """Processes in this launch (torchrun sets WORLD_SIZE; a plain `python` run is 1)."""

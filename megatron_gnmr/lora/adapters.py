@@ -21,6 +21,7 @@ every TP layout starts from the same adapters.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fnmatch
 
@@ -37,6 +38,7 @@ class LoRAAdapter(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, row_parallel: bool,
                  lora: LoRAConfig, tconfig):
         super().__init__()
+        self.enabled = True
         # The adapter's linears see whole sequences (the base gathers them) and are always
         # initialised, whatever the base's settings.
         config = copy.copy(tconfig)
@@ -76,8 +78,23 @@ def _xavier_normal(weight: torch.Tensor) -> None:
 
 def _add_adapter_output(linear, args, output):
     """The base linear's forward hook: (y, bias) -> (y + adapter(x), bias)."""
+    if not linear.adapter.enabled:
+        return output
     y, bias = output
     return y + linear.adapter(args[0]).to(y.dtype), bias
+
+
+@contextlib.contextmanager
+def adapters_disabled(model_chunks):
+    """The base model alone (evaluation: what the fine-tune changed)."""
+    adapters = [m for chunk in model_chunks for m in chunk.modules() if isinstance(m, LoRAAdapter)]
+    for adapter in adapters:
+        adapter.enabled = False
+    try:
+        yield
+    finally:
+        for adapter in adapters:
+            adapter.enabled = True
 
 
 def is_target(unit_name: str, targets: list[str]) -> bool:

@@ -84,7 +84,9 @@ def load_weights(chunk: torch.nn.Module, state: dict, source: str) -> None:
 
 
 def adapter_state(chunk: torch.nn.Module) -> dict:
-    return {k: v for k, v in chunk.state_dict().items() if is_adapter_key(k)}
+    """The adapters' weights (megatron's `_extra_state` placeholders left out)."""
+    return {k: v for k, v in chunk.state_dict().items()
+            if is_adapter_key(k) and not k.endswith("_extra_state")}
 
 
 def load_adapters(chunk: torch.nn.Module, state: dict, source: str) -> None:

@@ -1,0 +1,124 @@
+"""`megatron-gnmr evaluate RUN_DIR --tasks ppl,cloze,retention`: downstream scores of any run.
+
+- `ppl`: held-out perplexity on the run's own validation split.
+- `cloze`: 4-way cloze accuracy on passages of that split (`tasks.py`).
+- `retention` (LoRA fine-tunes): the loss on the base's corpus (its validation split), and
+  how much higher it is than the base's own (the adapters switched off, same precision).
+A fine-tune also reports `base/ppl` and `base/cloze_accuracy` (adapters off), so its row
+says what fine-tuning changed. Written to RUN_DIR/evaluation.json (the report and
+`reproduce` read it) and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.evaluation.loaded_run import LoadedRun, load_run, run_config
+from megatron_gnmr.evaluation.tasks import cloze_accuracy, cloze_items
+
+TASKS = ("ppl", "cloze", "retention")
+
+
+def mean_loss(run: LoadedRun, valid, sequences: int) -> float:
+    import torch
+
+    total, count = 0.0, 0
+    for start in range(0, min(sequences, len(valid)), 32):
+        samples = [valid[i] for i in range(start, min(start + 32, sequences, len(valid)))]
+        tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long()
+        labels = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long()
+        mask = torch.stack([torch.as_tensor(s["loss_mask"]) for s in samples]).float()
+        losses = run.losses(tokens, labels)
+        total += float((losses * mask).sum())
+        count += float(mask.sum())
+    return total / max(count, 1.0)
+
+
+def cloze(run: LoadedRun, valid, args) -> dict:
+    documents = [valid.dataset[int(index)] for index in np.unique(valid.indices)]
+    items = cloze_items(documents, args.context_tokens, args.continuation_tokens,
+                        args.cloze_items, seed=0)
+
+    def log_probs(contexts, choices):
+        losses = run.token_losses([list(c) + list(x) for c, x in zip(contexts, choices)])
+        return [-loss[len(c) - 1:] for loss, c in zip(losses, contexts)]
+
+    return cloze_accuracy(items, log_probs,
+                          lambda choice: len(run.data.tokenizer.decode(list(choice))))
+
+
+def evaluate(run: LoadedRun, tasks: list[str], args) -> dict:
+    from megatron_gnmr.lora.adapters import adapters_disabled
+
+    results: dict = {"run": str(run.run_dir), "tasks": tasks, "exact": args.exact}
+    valid = run.valid_split(sequences=max(args.ppl_sequences, 1))
+    views = [("", contextlib.nullcontext)]
+    if run.base_run is not None:
+        views.append(("base/", lambda: adapters_disabled(run.model)))
+    for prefix, view in views:
+        with view():
+            if "ppl" in tasks:
+                loss = mean_loss(run, valid, args.ppl_sequences)
+                results[f"{prefix}loss"], results[f"{prefix}ppl"] = loss, math.exp(loss)
+            if "cloze" in tasks:
+                figures = cloze(run, valid, args)
+                results[f"{prefix}cloze_accuracy"] = figures["accuracy"]
+                results[f"{prefix}cloze_stderr"] = figures["stderr"]
+                results["cloze_items"] = figures["items"]
+    if "retention" in tasks and run.base_run is not None:
+        base_valid = run.valid_split(run_config(run.base_run), args.ppl_sequences)
+        loss = mean_loss(run, base_valid, args.ppl_sequences)
+        with adapters_disabled(run.model):
+            base_loss = mean_loss(run, base_valid, args.ppl_sequences)
+        results.update({"retention/loss": loss, "retention/base_loss": base_loss,
+                        "retention/loss_increase": loss - base_loss})
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a run directory (--save of a run)")
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated: "
+                        + ", ".join(TASKS) + " (retention: LoRA fine-tunes only)")
+    parser.add_argument("--ppl-sequences", type=int, default=64,
+                        help="held-out sequences for the perplexity")
+    parser.add_argument("--cloze-items", type=int, default=400, help="cloze questions")
+    parser.add_argument("--context-tokens", type=int, default=96)
+    parser.add_argument("--continuation-tokens", type=int, default=32)
+    parser.add_argument("--exact", action="store_true", help="every unit on the recovery path "
+                        "(default: the run's low-cost path, the precision it would deploy in)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise UserError(f"--tasks {args.tasks!r}: use some of {', '.join(TASKS)}")
+    for flag, value in (("--ppl-sequences", args.ppl_sequences),
+                        ("--cloze-items", args.cloze_items),
+                        ("--context-tokens", args.context_tokens),
+                        ("--continuation-tokens", args.continuation_tokens)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
+    if not Path(args.run_dir).is_dir():
+        raise UserError(f"evaluate {args.run_dir}: no such directory")
+    config = run_config(Path(args.run_dir))
+    if args.context_tokens + args.continuation_tokens > config.model.seq_length + 1:
+        raise UserError(f"--context-tokens + --continuation-tokens must be at most the run's "
+                        f"--seq-length + 1 ({config.model.seq_length + 1})")
+    results = evaluate(load_run(args.run_dir, args.exact), tasks, args)
+    from megatron_gnmr.training.distributed import is_logging_rank, shutdown
+
+    if is_logging_rank():
+        (Path(args.run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2))
+        for key, value in results.items():
+            if isinstance(value, float):
+                print(f"{key:28s} {value:.4f}")
+    shutdown()
+    return results

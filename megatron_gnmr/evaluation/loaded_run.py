@@ -1,0 +1,126 @@
+"""A finished run's model, rebuilt from its config.json and loaded from its newest intact
+checkpoint (a LoRA fine-tune: its base, checked against the recorded hash, then its
+adapters), in the precision a deployment would run: every unit on the run's low-cost path
+(as a fixed-recipe run trained), or on the recovery path with `exact`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from megatron_gnmr.config import RunConfig
+from megatron_gnmr.controller.units import UnitShape, local_unit_modules
+from megatron_gnmr.data.datasets import DataSource, build_datasets, resolve_data
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.model import bind_precision, build_model
+from megatron_gnmr.platform.device import run_device
+from megatron_gnmr.precision.plan import PrecisionPlan
+from megatron_gnmr.precision.precision_config_file import kept_high
+from megatron_gnmr.training import checkpoint
+from megatron_gnmr.training.finetune import base_identity, load_adapters, load_weights
+from megatron_gnmr.training.resume import load_model_state
+
+BATCH = 32  # sequences per forward pass
+
+
+def run_config(run_dir: Path) -> RunConfig:
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no config.json (not a run directory, or the run never "
+                        "started)")
+    config = RunConfig.from_dict(json.loads(path.read_text()))
+    config.training.save = config.training.load = None
+    return config
+
+
+@dataclass
+class LoadedRun:
+    run_dir: Path
+    config: RunConfig
+    model: list[torch.nn.Module]
+    data: DataSource
+    base_run: Path | None  # a LoRA fine-tune's base run directory
+
+    @torch.no_grad()
+    def token_losses(self, rows: list[list[int]]) -> list[np.ndarray]:
+        """Per-position next-token loss of each row: entry t is -log p(row[t+1] | row[:t+1])."""
+        out = []
+        for start in range(0, len(rows), BATCH):
+            batch = rows[start: start + BATCH]
+            width = max(len(r) for r in batch) - 1
+            tokens = torch.full((len(batch), width), self.data.tokenizer.pad, dtype=torch.long)
+            labels = torch.full_like(tokens, self.data.tokenizer.pad)
+            for i, row in enumerate(batch):
+                tokens[i, : len(row) - 1] = torch.tensor(row[:-1])
+                labels[i, : len(row) - 1] = torch.tensor(row[1:])
+            losses = self.losses(tokens, labels)
+            out.extend(losses[i, : len(row) - 1].numpy() for i, row in enumerate(batch))
+        return out
+
+    @torch.no_grad()
+    def losses(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """megatron's per-token loss [batch, positions] (vocab-parallel under TP)."""
+        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+        device = run_device()
+        loss = self.model[0](tokens.to(device), positions.to(device), None,
+                             labels=labels.to(device))
+        return loss.float().cpu()
+
+    def valid_split(self, config: RunConfig | None = None, sequences: int = 64):
+        """The held-out GPTDataset of this run's data (or another config's)."""
+        config = config or self.config
+        source = resolve_data(config.data) if config is not self.config else self.data
+        _, valid = build_datasets(config.data, source, config.model.seq_length,
+                                  config.training.seed, train_samples=1,
+                                  valid_samples=sequences)
+        return valid
+
+
+def load_run(run_dir: str, exact: bool = False) -> LoadedRun:
+    """Collective (every rank of the launch): the run's model with its trained weights."""
+    from megatron_gnmr.training import distributed
+
+    directory = Path(run_dir)
+    config = run_config(directory)
+    if config.parallel.pipeline_model_parallel_size > 1:
+        raise UserError(f"evaluate {run_dir}: pipeline-parallel runs are not supported yet")
+    distributed.initialize(config)
+    data = resolve_data(config.data)
+    model = build_model(config, data.tokenizer.vocab_size)
+    shape = UnitShape.of(config.model)
+    plan = PrecisionPlan(all_recovery=exact or config.precision.precision_static == "recovery",
+                         always=kept_high(config.precision, shape.names()))
+    bind_precision(local_unit_modules(model, shape), config, plan)
+    choice = checkpoint.choose_checkpoint(str(directory))
+    meta = checkpoint.read_meta(choice.directory)
+    if meta.get("world_size") != torch.distributed.get_world_size():
+        raise UserError(f"evaluate {run_dir}: its checkpoint was written by "
+                        f"{meta.get('world_size')} processes; launch the evaluation with as many "
+                        "(torchrun --nproc_per_node N -m megatron_gnmr.evaluation RUN_DIR)")
+    base_run = _load_weights(model, choice.directory, meta)
+    for chunk in model:
+        chunk.eval()
+    return LoadedRun(directory, config, model, data, base_run)
+
+
+def _load_weights(model, directory: Path, meta: dict) -> Path | None:
+    shard = checkpoint.load_shard(directory)
+    if "lora" not in meta:
+        for chunk, state in zip(model, shard["model"], strict=True):
+            load_model_state(chunk, state)
+        return None
+    base = Path(meta["lora"]["base"]["path"])
+    if not (base / "meta.json").is_file() or \
+            base_identity(base)["sha256"] != meta["lora"]["base"]["sha256"]:
+        raise UserError(f"evaluate {directory}: its base {base} is gone or has changed since "
+                        "the fine-tune (sha256 of its meta.json differs)")
+    checkpoint.choose_checkpoint(str(base))  # every rank checks its shard's sha256
+    base_shard = checkpoint.load_shard(base)
+    for chunk, state, adapters in zip(model, base_shard["model"], shard["model"], strict=True):
+        load_weights(chunk, state, f"the base {base}")
+        load_adapters(chunk, adapters, f"evaluate {directory}")
+    return base.parent.parent  # <run>/checkpoints/iter_*
