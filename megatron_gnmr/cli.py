@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_gnmr.evaluation import command as evaluate
     from megatron_gnmr.experiments import alarm_comparison, runner, signal_comparison
     from megatron_gnmr.observe import report
+    from megatron_gnmr.training import merge_lora
 
     parser = OneLineErrorParser(prog="megatron-gnmr", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True,
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
         ("calibrate", calibrate, "the units to keep in BF16, as Megatron's precision config"),
         ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),
+        ("merge-lora", merge_lora, "a LoRA run's adapters merged into its base's weights"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)

@@ -13,6 +13,8 @@ presence means the directory is complete and a second run does nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -82,7 +84,27 @@ def prepare_data(cache_dir: str, vocab_size: int = 4096, inputs: list[str] | Non
         if not quiet:
             print(f"prepare-data: cached, nothing to do ({directory})")
         return prepared
+    with preparing_alone(Path(cache_dir)):  # jobs sharing a cache prepare it once
+        if (directory / "meta.json").exists():
+            return prepared
+        _prepare(prepared, cache_dir, vocab_size, inputs, quiet, corpus, tokenizer_corpus)
+    return prepared
 
+
+@contextlib.contextmanager
+def preparing_alone(cache_dir: Path):
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".prepare.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _prepare(prepared: PreparedData, cache_dir: str, vocab_size: int, inputs, quiet: bool,
+             corpus: str, tokenizer_corpus: str | None) -> None:
+    directory = prepared.directory
     say = (lambda *a: None) if quiet else print
     say(f"prepare-data: reading {corpus if not inputs else ', '.join(inputs)}")
     texts = list(user_documents(inputs)) if inputs else CORPORA[corpus](Path(cache_dir))
@@ -90,7 +112,9 @@ def prepare_data(cache_dir: str, vocab_size: int = 4096, inputs: list[str] | Non
     if not documents:
         raise UserError("prepare-data: the input holds no text")
     if tokenizer_corpus is not None and directory.name.count("-tok-"):
-        source = prepare_data(cache_dir, vocab_size, quiet=quiet, corpus=tokenizer_corpus)
+        source = PreparedData(dataset_directory(cache_dir, vocab_size, None, tokenizer_corpus))
+        if not (source.directory / "meta.json").exists():  # under the lock already held
+            _prepare(source, cache_dir, vocab_size, None, quiet, tokenizer_corpus, None)
         say(f"prepare-data: encoding with the {tokenizer_corpus} tokenizer")
         directory.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source.tokenizer_model, prepared.tokenizer_model)
@@ -117,7 +141,6 @@ def prepare_data(cache_dir: str, vocab_size: int = 4096, inputs: list[str] | Non
     }
     (directory / "meta.json").write_text(json.dumps(meta, indent=2))
     say(f"prepare-data: {tokens:,} tokens in {len(documents)} documents -> {prepared.prefix}")
-    return prepared
 
 
 def _chunks(text: str):

@@ -24,32 +24,56 @@ from megatron_gnmr.experiments.scenario import Scenario, available, load_scenari
 from megatron_gnmr.experiments.tables import summarize, write_tables
 
 REPO = Path(__file__).resolve().parents[2]
+CACHE_DIR = str(REPO / ".cache" / "megatron_gnmr")  # the runs' default --data-cache-dir
 
 
-def run_one(run_dir: Path, flags: list[str]) -> dict:
-    if (run_dir / "summary.json").is_file():
-        return json.loads((run_dir / "summary.json").read_text())
+def _run_logged(command: list[str], log: Path) -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("WORLD_SIZE", None)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as out:
+        return subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT,
+                              env=env, cwd=REPO).returncode
+
+
+def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None) -> dict:
+    """One run (skipped if its summary exists), then its evaluation (skipped likewise)."""
     log = run_dir.with_suffix(".log")
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        result = subprocess.run([sys.executable, str(REPO / "pretrain_llama.py"), *flags,
-                                 "--save", str(run_dir)], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, cwd=REPO)
-    if result.returncode not in (0, 3):  # 3: the run stopped itself (recorded, not a crash)
-        raise RuntimeError(f"run {run_dir.name} failed ({result.returncode}); see {log}")
+    if not (run_dir / "summary.json").is_file():
+        log.unlink(missing_ok=True)
+        code = _run_logged([str(REPO / "pretrain_llama.py"), *flags, "--save", str(run_dir)],
+                           log)
+        if code not in (0, 3):  # 3: the run stopped itself (recorded, not a crash)
+            raise RuntimeError(f"run {run_dir.name} failed ({code}); see {log}")
     summary_path = run_dir / "summary.json"
+    if evaluate is not None and summary_path.is_file() and \
+            not (run_dir / "evaluation.json").is_file():
+        code = _run_logged(["-m", "megatron_gnmr.cli", "evaluate", str(run_dir), *evaluate], log)
+        if code != 0:
+            raise RuntimeError(f"the evaluation of {run_dir.name} failed ({code}); see {log}")
     return json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+
+
+def pretrain(scenario: Scenario, smoke: bool, cache_dir: str) -> Path:
+    """The scenario's base run (once; cached by its flags)."""
+    base = scenario.pretrain_dir(cache_dir, smoke)
+    if not (base / "summary.json").is_file():
+        print(f"reproduce {scenario.name}: pretraining the base ({base})")
+        run_one(base, scenario.pretrain_flags(smoke))
+    return base
 
 
 def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2) -> dict:
     runs = scenario.runs(smoke)
+    start = time.time()
+    if scenario.pretrain is not None:
+        base = str(pretrain(scenario, smoke, CACHE_DIR).resolve())
+        runs = [(v, s, [f.replace("{pretrain}", base) for f in flags]) for v, s, flags in runs]
     print(f"reproduce {scenario.name}{' (smoke)' if smoke else ''}: {len(runs)} runs, "
           f"{jobs} at a time -> {out}")
-    start = time.time()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_one, out / f"{variant}-seed{seed}", flags): (variant, seed)
+        futures = {pool.submit(run_one, out / f"{variant}-seed{seed}", flags,
+                               scenario.evaluate): (variant, seed)
                    for variant, seed, flags in runs}
         for future in tqdm(as_completed(futures), total=len(futures), desc=scenario.name,
                            unit="run"):

@@ -8,6 +8,11 @@
     reference: variant whose step time the others are divided by
     variants:
       name: [flags of this variant]
+    pretrain:          # optional: a base run every variant starts from (`{pretrain}` in flags)
+      name: NAME
+      flags: [pretrain flags]
+      smoke: [flags appended for --smoke]
+    evaluate: [megatron-gnmr evaluate flags]   # optional: downstream scores of every run
 """
 
 from __future__ import annotations
@@ -32,6 +37,19 @@ class Scenario:
     smoke_seeds: list[int]
     reference: str
     variants: dict[str, list[str]]
+    pretrain: dict | None = None
+    evaluate: list[str] | None = None
+
+    def pretrain_flags(self, smoke: bool) -> list[str]:
+        """The base run's flags (with --smoke's additions)."""
+        return [*self.pretrain["flags"], *(self.pretrain.get("smoke", []) if smoke else [])]
+
+    def pretrain_dir(self, cache_dir: str, smoke: bool) -> Path:
+        """Where the base run lives: cached by its flags, so every reproduction reuses it."""
+        import hashlib
+
+        digest = hashlib.sha256(" ".join(self.pretrain_flags(smoke)).encode()).hexdigest()
+        return Path(cache_dir) / "pretrained" / f"{self.pretrain['name']}-{digest[:10]}"
 
     def runs(self, smoke: bool) -> list[tuple[str, int, list[str]]]:
         """(variant, seed, flags) for every run, seeds innermost."""
@@ -61,6 +79,12 @@ def load_scenario(name: str) -> Scenario:
     reference = data.get("reference", next(iter(variants)))
     if reference not in variants:
         raise UserError(f"{path}: reference {reference!r} is not a variant")
+    pretrain = data.get("pretrain")
+    if pretrain is not None:
+        pretrain = {"name": str(pretrain["name"]), "flags": as_strings(pretrain["flags"]),
+                    "smoke": as_strings(pretrain.get("smoke"))}
+    evaluate = as_strings(data["evaluate"]) if "evaluate" in data else None
     return Scenario(name, data.get("description", ""), as_strings(data.get("base")),
                     as_strings(data.get("smoke")), list(data.get("seeds", [1])),
-                    list(data.get("smoke_seeds", [1])), reference, variants)
+                    list(data.get("smoke_seeds", [1])), reference, variants, pretrain,
+                    evaluate)

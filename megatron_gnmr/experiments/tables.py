@@ -67,7 +67,20 @@ def run_figures(run_dir: Path) -> dict:
         "dw_collapse_step": first_step(records, _collapsed),
         "divergence_step": divergence_step(records),
         "steps": summary.get("steps"),
+        **downstream_figures(run_dir),
     }
+
+
+DOWNSTREAM = {  # evaluation.json key -> table figure (`megatron-gnmr evaluate`)
+    "ppl": "heldout_ppl", "cloze_accuracy": "cloze_accuracy",
+    "retention/loss_increase": "retention_loss_increase", "base/ppl": "base_heldout_ppl",
+    "base/cloze_accuracy": "base_cloze_accuracy"}
+
+
+def downstream_figures(run_dir: Path) -> dict:
+    path = run_dir / "evaluation.json"
+    scores = json.loads(path.read_text()) if path.is_file() else {}
+    return {figure: scores.get(key) for key, figure in DOWNSTREAM.items()}
 
 
 def _mean_spread(values: list) -> dict:
@@ -139,4 +152,24 @@ def write_tables(results: dict, out: Path) -> None:
             f" | {_steps(results, variant, 'first_router_alarm')}"
             f" | {_steps(results, variant, 'dw_collapse_step')}"
             f" | {_steps(results, variant, 'divergence_step')} |")
+    lines += _downstream_table(results)
     (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _downstream_table(results: dict) -> list[str]:
+    """The evaluation's scores (`megatron-gnmr evaluate`), when the scenario ran it."""
+    rows = results["table"]
+    if all(row["heldout_ppl"]["mean"] is None for row in rows.values()):
+        return []
+    lines = ["", "Downstream (`megatron-gnmr evaluate`, mean +- std over seeds): held-out "
+             "perplexity and 4-way cloze accuracy on the run's validation split, the same "
+             "with the adapters off (the base), and the retention loss increase on the base's "
+             "corpus.", "",
+             "| variant | held-out ppl | cloze acc | base ppl | base cloze acc "
+             "| retention (loss increase) |", "|---|---|---|---|---|---|"]
+    for variant, row in rows.items():
+        lines.append(f"| {variant} | {_cell(row['heldout_ppl'], 2)} | "
+                     f"{_cell(row['cloze_accuracy'], 3)} | {_cell(row['base_heldout_ppl'], 2)} | "
+                     f"{_cell(row['base_cloze_accuracy'], 3)} | "
+                     f"{_cell(row['retention_loss_increase'], 4)} |")
+    return lines

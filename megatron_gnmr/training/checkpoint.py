@@ -157,6 +157,34 @@ def save_checkpoint(run_dir: str, step: int, shard: dict, meta: dict, keep_last:
     return final
 
 
+def write_checkpoint(run_dir: str, step: int, shards: list[dict], meta: dict) -> Path:
+    """One process writes every rank's shard (tools such as merge-lora), in the same
+    complete-or-invisible way as `save_checkpoint`."""
+    root = checkpoint_root(run_dir)
+    final, staging = root / f"iter_{step:07d}", root / f"iter_{step:07d}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    records = [_write_shard(staging, rank, shard) for rank, shard in enumerate(shards)]
+    meta = dict(meta, format=FORMAT, step=step, world_size=len(shards),
+                shards={r["file"]: {"size": r["size"], "sha256": r["sha256"]} for r in records})
+    _write_durably(staging / "meta.json", json.dumps(meta, indent=2))
+    _fsync_directory(staging)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    _write_durably(root / LATEST, final.name)
+    return final
+
+
+def read_shard(directory: Path, rank: int) -> dict:
+    """Rank `rank`'s shard, hash-checked against meta.json (tools reading every shard)."""
+    if not _shard_matches(directory, rank):
+        raise UserError(f"{directory}: {_rank_file(directory, rank).name} is missing or its "
+                        "sha256 differs from meta.json (corrupt)")
+    return from_plain(torch.load(_rank_file(directory, rank), map_location="cpu",
+                                 weights_only=True))
+
+
 def _prune_older(root: Path, step: int, keep_last: int) -> None:
     """Delete complete checkpoints older than `step` beyond the newest `keep_last` (counting
     the one at `step`). Newer ones (another run's, kept by --load) are never touched."""
@@ -218,6 +246,12 @@ def _intact_on_disk(directory: Path) -> str | None:
             return f"{name} is truncated or corrupt (size {path.stat().st_size}, meta.json " \
                    f"says {expected.get('size')})"
     return None
+
+
+def newest_intact(run_dir: str) -> Path | None:
+    """The newest checkpoint of a run whose meta.json and shard sizes are right (tools that
+    read it offline check the shards' hashes as they read them)."""
+    return next((c for c in candidates(run_dir) if _intact_on_disk(c) is None), None)
 
 
 def candidates(load: str) -> list[Path]:

@@ -54,9 +54,10 @@ def load_base_weights(model_chunks, load: str, current_settings: dict) -> dict:
     choice = checkpoint.choose_checkpoint(load)
     meta = checkpoint.read_meta(choice.directory)
     if "lora" in meta:
-        raise UserError(f"--finetune --load {choice.directory}: that is a LoRA fine-tune's "
-                        "checkpoint (adapters only); merge it into full weights first "
-                        "(`megatron-gnmr merge-lora`) and fine-tune from the merged run")
+        raise UserError(f"--finetune --load {choice.directory}: that is a LoRA run's "
+                        "checkpoint; merge its adapters into full weights first "
+                        "(`megatron-gnmr merge-lora RUN --out MERGED`) and fine-tune from the "
+                        "merged run")
     check_base_fits(choice.directory, meta.get("settings"), current_settings)
 
     def apply() -> None:

@@ -75,8 +75,9 @@ class RunCheckpoints:
             "monitors": trainer.monitors.state_dict(),
         }
         meta = {"settings": self.settings()}
-        if self.adapters_only:
-            meta["lora"] = {"base": trainer.base, **trainer.config.to_dict()["lora"]}
+        if trainer.config.lora.enabled:  # what merge-lora needs; `base`: adapters-only
+            meta["lora"] = {"base": trainer.base if self.adapters_only else None,
+                            **trainer.config.to_dict()["lora"]}
         path = checkpoint.save_checkpoint(trainer.run_dir, step, shard, meta,
                                           trainer.config.training.keep_last, trainer.faults)
         trainer.logger.event(step, "checkpoint", {"path": str(path)})

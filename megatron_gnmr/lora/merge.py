@@ -1,0 +1,42 @@
+"""Merging LoRA adapters into their base weights, shard by shard (Megatron-Bridge's
+`LoRAMerge`, without a process group: every TP shard is at hand on disk).
+
+    W' = W + (alpha / r) B A
+
+Column-parallel base (W: [N/tp, K]): A is split along r, so W' = W + s B_local A_full with
+A_full the TP shards of A stacked. Row-parallel base (W: [N, K/tp]): B is split along N, so
+W' = W + s B_full A_local. The product is taken in float64 and W' stored in W's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_gnmr.lora.adapters import ROW_PARALLEL
+
+ADAPTER_IN, ADAPTER_OUT = ".adapter.linear_in.weight", ".adapter.linear_out.weight"
+
+
+def adapted_prefixes(state: dict) -> list[str]:
+    """`...linear_qkv` for every adapter in a model state."""
+    return [key[: -len(ADAPTER_IN)] for key in state if key.endswith(ADAPTER_IN)]
+
+
+def merge_group(base: list[dict], adapters: list[dict], scale: float) -> list[dict]:
+    """One TP group's merged model states (index = TP rank): base weights plus every
+    adapter's update, with the adapter entries removed."""
+    merged = []
+    for state, own in zip(base, adapters):
+        out = {k: v for k, v in state.items() if ".adapter." not in f".{k}"}
+        for prefix in adapted_prefixes(own):
+            if prefix.rsplit(".", 1)[-1] in ROW_PARALLEL:
+                b = torch.cat([a[prefix + ADAPTER_OUT] for a in adapters], dim=0)
+                a_ = own[prefix + ADAPTER_IN]
+            else:
+                b = own[prefix + ADAPTER_OUT]
+                a_ = torch.cat([a[prefix + ADAPTER_IN] for a in adapters], dim=0)
+            weight = state[prefix + ".weight"]
+            update = scale * (b.double() @ a_.double())
+            out[prefix + ".weight"] = (weight.double() + update).to(weight.dtype)
+        merged.append(out)
+    return merged
