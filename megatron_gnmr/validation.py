@@ -20,6 +20,7 @@ def validate(config: RunConfig, world_size: int) -> None:
     """Everything a launch can be refused for before it starts. Raises UserError."""
     validate_model(config)
     validate_layout(config, world_size)
+    validate_lora(config)
     validate_scale_features(config)
     validate_schedule(config)
     validate_precision(config)
@@ -27,7 +28,6 @@ def validate(config: RunConfig, world_size: int) -> None:
     validate_monitors(config)
     validate_moe(config, world_size)
     validate_controller(config)
-    validate_lora(config)
     validate_run(config)
     input_files.check_data(config.data)
 

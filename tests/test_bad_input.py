@@ -241,6 +241,15 @@ IN_PROCESS = {
     "load_is_a_file": (["--load", "{root}/a_file"], "--load"),
     "load_not_a_run": (["--load", "{root}"], "not a run directory"),
     "reused_save_directory": (["--save", "{root}/run"], "--resume auto"),
+    "finetune_without_load": (["--finetune"], "--finetune"),
+    "lora_unknown_target": (["--lora", "--lora-target-modules", "linear_q"],
+                            "--lora-target-modules"),
+    "lora_with_experts": (["--lora", "--num-experts", "4"], "--lora"),
+    "lora_with_te_fp8": (["--lora", "--precision-recipe", "te-fp8"], "--lora"),
+    "lora_dropout_position": (["--lora", "--lora-dropout-position", "middle"],
+                              "--lora-dropout-position"),
+    "lora_negative_dropout": (["--lora", "--lora-dropout", "-0.1"], "--lora-dropout"),
+    "unknown_corpus": (["--corpus", "bible"], "--corpus"),
 }
 
 # Through the entry point (in this process): mistakes that show against a checkpoint or a
@@ -262,6 +271,8 @@ THROUGH_THE_ENTRY_POINT = {
     "resume_in_bf16": (["--load", "{root}/run", "--gnmr", "--monitors", "attention",
                         "--monitor-interval", "1", "--monitor-delta", "1", "--bf16"], "--bf16"),
     "resume_without_controller": (["--load", "{root}/run"], "--gnmr"),
+    "finetune_base_other_shape": (["--finetune", "--load", "{root}/run", "--hidden-size",
+                                   "128", "--save", "{root}/ft"], "--hidden-size"),
 }
 # As a user launches it (a new process): a few of the above, to prove the real command prints
 # them the same way.

@@ -29,6 +29,12 @@ RECIPES = {  # flags, steps compared at rtol 1e-5
     # draws other numbers than the whole tensor does)
     "nvfp4": (["--precision-recipe", "nvfp4", "--no-nvfp4-stochastic-rounding"], 2),
     "act-quant": (["--precision-recipe", "act-quant", "--act-quant-bits", "3"], STEPS),
+    # per-token / per-channel INT8: a row-parallel linear's rows are split along K, so their
+    # amaxes are reduced over TP
+    "w8a8": (["--precision-recipe", "w8a8"], 2),
+    # LoRA on a frozen W8A8 base, adapters in Megatron-Bridge's TP layout (the controller's
+    # units are the adapted linears)
+    "lora-w8a8": (["--precision-recipe", "w8a8", "--lora", "--lora-dim", "8"], 2),
     "fp8-torchao": (["--precision-recipe", "fp8-torchao"], 2),
     # torchao's rowwise GEMMs round their float32 output through bf16 (its workaround for
     # _scaled_mm's output dtypes), so a row-parallel GEMM's partial sums are rounded apart:
@@ -61,3 +67,42 @@ def test_recipe_tp2_matches_tp1(runs, recipe):
                                [tp1[s] for s in range(1, exact_steps + 1)], rtol=1e-5)
     np.testing.assert_allclose([tp2[s] for s in range(1, STEPS + 1)],
                                [tp1[s] for s in range(1, STEPS + 1)], rtol=1e-3)
+
+
+def _whole(shards: list, name: str):
+    """A weight put back together from its TP shards (fc1: megatron stacks [gate; up] per
+    rank, so the halves are gathered separately)."""
+    import torch
+
+    if "linear_fc1" in name:
+        halves = [torch.chunk(s, 2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    row = "linear_proj" in name or "linear_fc2" in name
+    return torch.cat(shards, dim=1 if row else 0)
+
+
+def test_lora_merged_under_tp2_equals_merged_under_tp1(runs):
+    """merge-lora gathers A (column-parallel bases) or B (row-parallel) across the TP shards:
+    the update it adds to each weight (merged - base), reassembled from the TP=2 shards, is
+    the TP=1 run's within the runs' own drift (1e-3 relative in the loss by step 5; 1e-2
+    relative in the update's norm here; a shard put in the wrong place is off by O(1))."""
+    import torch
+
+    from megatron_gnmr.training.merge_lora import merge_run
+
+    updates = {}
+    for layout in ("tp1", "tp2"):
+        run = runs / "lora-w8a8" / layout
+        merged = merge_run(str(run), str(runs / "lora-w8a8" / f"m{layout}"))
+        original = next((run / "checkpoints").glob("iter_*"))
+        shards = [(torch.load(original / p.name, weights_only=True)["model"][0],
+                   torch.load(p, weights_only=True)["model"][0])
+                  for p in sorted(merged.glob("rank_*.pt"))]
+        names = [k for k in shards[0][1] if k.endswith(
+            ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight",
+             "linear_fc2.weight"))]
+        updates[layout] = {n: _whole([m[n] - b[n] for b, m in shards], n) for n in names}
+    assert len(updates["tp1"]) == 8
+    for name, tp1 in updates["tp1"].items():
+        difference = (updates["tp2"][name] - tp1).norm() / tp1.norm()
+        assert tp1.norm() > 0 and difference < 1e-2, (name, float(difference))
