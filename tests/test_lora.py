@@ -340,3 +340,7 @@ def test_evaluate_agrees_with_the_runs_own_validation(finetuned):
     assert 0.0 <= results["cloze_accuracy"] <= 1.0 and results["cloze_items"] == 40
     assert json.loads((finetuned / "base" / "evaluation.json").read_text())["ppl"] == \
         pytest.approx(np.exp(results["loss"]))
+    from megatron_gnmr.observe.report import evaluation_line, load_run
+
+    line = evaluation_line(load_run(str(finetuned / "base")))
+    assert f"held-out ppl {np.exp(results['loss']):.1f}" in line and "cloze" in line

@@ -25,8 +25,58 @@ def smoke(tmp_path_factory):
 
 def test_every_scenario_is_listed():
     assert available() == ["act_quant_stress", "attention_fault", "combined_faults",
-                           "deepseek_hierarchy", "frontier_nvfp4_noise",
+                           "deepseek_hierarchy", "frontier_nvfp4_noise", "lora_int8",
                            "risk_signals_act_quant", "risk_signals_deepseek", "router_fault"]
+
+
+def test_the_lora_scenario_is_valid_runs_from_one_base():
+    """Issue 21's sizes: a base of at least 4 x 256 that every fine-tune loads, at least 3
+    seeds, the four variants, the controlled ones at one budget."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.validation import validate
+
+    scenario = load_scenario("lora_int8")
+    base = parse_config(scenario.pretrain_flags(smoke=False))
+    assert base.model.num_layers >= 4 and base.model.hidden_size >= 256
+    assert len(scenario.seeds) >= 3 and scenario.evaluate
+    assert set(scenario.variants) == {"exact-lora", "fixed-int8", "gnmr-int8/bf16",
+                                      "qerr-peers-int8/bf16"}
+    for variant, seed, flags in scenario.runs(smoke=False):
+        assert flags[flags.index("--load") + 1] == "{pretrain}"
+        config = parse_config([f.replace("{pretrain}", "/nonexistent") for f in flags])
+        assert config.lora.enabled and config.training.finetune
+        assert config.data.corpus == "austen" and config.data.tokenizer_corpus == "shakespeare"
+        assert config.model == base.model
+        if config.gnmr.enabled:
+            assert config.gnmr.budget_rate == 0.125
+
+
+def test_reproduce_pretrains_once_then_evaluates_every_run(tmp_path):
+    """The runner's base run and evaluation, on a tiny scenario of two fine-tunes."""
+    from megatron_gnmr.experiments.runner import CACHE_DIR
+    from megatron_gnmr.experiments.scenario import Scenario
+    from tests.helpers import TINY
+
+    scenario = Scenario(
+        "tiny_lora", "a base and two LoRA fine-tunes", [
+            *TINY, "--train-iters", "3", "--eval-interval", "3", "--finetune", "--load",
+            "{pretrain}", "--lora", "--lora-dim", "4", "--corpus", "austen",
+            "--tokenizer-corpus", "shakespeare"], [], [1], [1], "int8",
+        {"exact": [], "int8": ["--precision-recipe", "w8a8"]},
+        pretrain={"name": "tiny", "flags": [*TINY, "--train-iters", "3", "--eval-interval",
+                                            "3"], "smoke": []},
+        evaluate=["--tasks", "ppl,cloze,retention", "--ppl-sequences", "4", "--cloze-items",
+                  "8", "--context-tokens", "24", "--continuation-tokens", "8"])
+    results = reproduce(scenario, tmp_path, smoke=False)
+    base = scenario.pretrain_dir(CACHE_DIR, smoke=False)
+    assert (base / "summary.json").is_file()
+    for variant in ("exact", "int8"):
+        scores = json.loads((tmp_path / f"{variant}-seed1" / "evaluation.json").read_text())
+        assert {"ppl", "cloze_accuracy", "base/ppl", "retention/loss_increase"} <= set(scores)
+        meta = next((tmp_path / f"{variant}-seed1" / "checkpoints").glob("iter_*/meta.json"))
+        assert json.loads(meta.read_text())["lora"]["base"]["path"].startswith(str(base))
+    assert results["table"]["int8"]["cloze_accuracy"]["n"] == 1
+    assert "| exact |" in (tmp_path / "results.md").read_text().split("Downstream")[1]
 
 
 def test_the_frontier_noise_scenario_is_valid_runs():

@@ -32,6 +32,31 @@ class RunLog:
     gnmr: np.ndarray | None  # [steps, units]
     alpha: float | None
     first_step: int = 1  # the step of row 0 (a window of a longer run starts later)
+    evaluation: dict | None = None  # `megatron-gnmr evaluate`'s scores, if it ran
+
+
+def _evaluation(root: Path) -> dict | None:
+    path = root / "evaluation.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def evaluation_line(run: RunLog) -> str | None:
+    """The downstream scores in one line (None if the run was not evaluated)."""
+    scores = run.evaluation
+    if not scores:
+        return None
+    parts = []
+    if "ppl" in scores:
+        parts.append(f"held-out ppl {scores['ppl']:.1f}")
+    if "cloze_accuracy" in scores:
+        parts.append(f"cloze {100 * scores['cloze_accuracy']:.1f}%")
+    if "base/ppl" in scores:
+        parts.append(f"(base {scores['base/ppl']:.1f}"
+                     + (f", {100 * scores['base/cloze_accuracy']:.1f}%)"
+                        if "base/cloze_accuracy" in scores else ")"))
+    if "retention/loss_increase" in scores:
+        parts.append(f"retention loss +{scores['retention/loss_increase']:.3f}")
+    return f"{run.name}: " + ", ".join(parts)
 
 
 def load_run(run_dir: str) -> RunLog:
@@ -46,7 +71,7 @@ def load_run(run_dir: str) -> RunLog:
     records = read_jsonl(metrics)
     trace_path = root / "gnmr_trace.jsonl"
     if not trace_path.is_file():
-        return RunLog(root.name, records, [], None, None, None)
+        return RunLog(root.name, records, [], None, None, None, evaluation=_evaluation(root))
     trace = read_trace(str(trace_path))
     known = {f for f in GNMRConfig.__dataclass_fields__}
     config = GNMRConfig(**{k: v for k, v in trace.config.items() if k in known})
@@ -56,7 +81,8 @@ def load_run(run_dir: str) -> RunLog:
     recovery = np.zeros((len(trace.steps), len(trace.units)), dtype=bool)
     for row, decided in enumerate(trace.recovery[:-1]):  # decided at t, runs in step t + 1
         recovery[row + 1, list(decided)] = True
-    return RunLog(root.name, records, trace.units, recovery, gnmr, config.alpha)
+    return RunLog(root.name, records, trace.units, recovery, gnmr, config.alpha,
+                  evaluation=_evaluation(root))
 
 
 def _smooth(values: np.ndarray) -> np.ndarray:
@@ -83,6 +109,10 @@ def _loss_panel(ax, runs: list[RunLog]) -> None:
     ax.set_title("Loss")
     ax.set_xlabel("step")
     ax.legend(fontsize=7)
+    lines = [line for run in runs if (line := evaluation_line(run))]
+    if lines:
+        ax.text(0.01, 0.01, "\n".join(lines), transform=ax.transAxes, fontsize=7,
+                va="bottom", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.8"})
 
 
 def _gnmr_panel(ax, runs: list[RunLog]) -> None:
@@ -270,5 +300,7 @@ def run(args: argparse.Namespace) -> Path:
     for one in runs:
         if one.recovery is not None:
             print(f"{one.name}: unit-steps recovered: {shares_line(one)}")
+        if (line := evaluation_line(one)) is not None:
+            print(line)
     print(f"report: {out}")
     return out
