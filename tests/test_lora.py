@@ -344,3 +344,15 @@ def test_evaluate_agrees_with_the_runs_own_validation(finetuned):
 
     line = evaluation_line(load_run(str(finetuned / "base")))
     assert f"held-out ppl {np.exp(results['loss']):.1f}" in line and "cloze" in line
+
+
+def test_a_full_finetune_starts_from_the_bases_weights_at_step_zero(finetuned, tmp_path):
+    """Without --lora, --finetune reads every weight and nothing else: the first validation
+    (same corpus) is the base's last, and the run counts its own steps from 0."""
+    assert pretrain_in_process([*TINY, "--train-iters", "2", "--lr-warmup-iters", "1",
+                                "--eval-interval", "2", "--finetune", "--load", str(finetuned / "base"),
+                                "--save", str(tmp_path / "full")]) == 0
+    base = json.loads((finetuned / "base" / "summary.json").read_text())
+    tuned = json.loads((tmp_path / "full" / "summary.json").read_text())
+    assert tuned["initial_valid_loss"] == pytest.approx(base["final_valid_loss"], rel=1e-12)
+    assert sorted(train_losses(tmp_path / "full")) == [1, 2]

@@ -100,7 +100,7 @@ def load_run(run_dir: str, exact: bool = False) -> LoadedRun:
     if meta.get("world_size") != torch.distributed.get_world_size():
         raise UserError(f"evaluate {run_dir}: its checkpoint was written by "
                         f"{meta.get('world_size')} processes; launch the evaluation with as many "
-                        "(torchrun --nproc_per_node N -m megatron_gnmr.evaluation RUN_DIR)")
+                        "(torchrun --nproc_per_node N -m megatron_gnmr.cli evaluate RUN_DIR)")
     base_run = _load_weights(model, choice.directory, meta)
     for chunk in model:
         chunk.eval()
