@@ -250,6 +250,7 @@ IN_PROCESS = {
                               "--lora-dropout-position"),
     "lora_negative_dropout": (["--lora", "--lora-dropout", "-0.1"], "--lora-dropout"),
     "unknown_corpus": (["--corpus", "bible"], "--corpus"),
+    "int_bits": (["--precision-recipe", "w8a8", "--int-weight-bits", "5"], "--int-weight-bits"),
 }
 
 # Through the entry point (in this process): mistakes that show against a checkpoint or a

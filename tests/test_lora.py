@@ -83,27 +83,31 @@ def test_only_adapters_train_and_they_are_the_units_parameters(megatron_world):
 
 
 # -- W8A8 against float64 ----------------------------------------------------------------
-def _int8_rows_reference(x: np.ndarray) -> np.ndarray:
-    """Symmetric INT8 per row, in numpy: scale = 127 / max|row| (float32, as TE computes
-    it), round half to even, clip, times the float32 reciprocal of the scale."""
+def _int_rows_reference(x: np.ndarray, bits: int) -> np.ndarray:
+    """Symmetric integers per row, in numpy: scale = (2^(b-1) - 1) / max|row| (float32, as
+    TE computes it), round half to even, clip, times the float32 reciprocal of the scale."""
+    top = 2 ** (bits - 1) - 1
     x = x.astype(np.float32)
     amax = np.abs(x).max(axis=1, keepdims=True)
-    scale = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 1).astype(np.float32)
-    return np.clip(np.round(x * scale), -128, 127) * np.reciprocal(scale)
+    scale = np.where(amax > 0, np.float32(top) / np.where(amax > 0, amax, 1), 1).astype(np.float32)
+    return np.clip(np.round(x * scale), -top - 1, top) * np.reciprocal(scale)
 
 
-def test_w8a8_matches_a_float64_reference_and_skips_the_frozen_weights_gradient():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_w8a8_matches_a_float64_reference_and_skips_the_frozen_weights_gradient(bits):
     from megatron_gnmr.precision.scaling import quantize
 
-    path = w8a8(None).low
+    path = w8a8(parse_config(["--int-weight-bits", str(bits), "--int-activation-bits",
+                              str(bits)]).precision).low
     generator = torch.Generator().manual_seed(0)
     x = (torch.randn(3, 5, 96, generator=generator) * torch.logspace(-2, 1, 96)).requires_grad_()
     weight = torch.randn(40, 96, generator=generator) * 0.05  # frozen: no requires_grad
-    x_q = _int8_rows_reference(x.detach().reshape(-1, 96).numpy()).astype(np.float64)
-    w_q = _int8_rows_reference(weight.numpy()).astype(np.float64)
+    x_q = _int_rows_reference(x.detach().reshape(-1, 96).numpy(), bits).astype(np.float64)
+    w_q = _int_rows_reference(weight.numpy(), bits).astype(np.float64)
     np.testing.assert_array_equal(quantize(x.detach(), path.input).reshape(-1, 96).numpy(), x_q)
     np.testing.assert_array_equal(quantize(weight, path.weight).numpy(), w_q)
-    assert len(np.unique(np.round(x_q[0] / x_q[0][np.abs(x_q[0]).argmax()] * 127))) > 20
+    levels = np.unique(np.round(x_q[0] / np.abs(x_q[0]).max() * (2 ** (bits - 1) - 1)))
+    assert len(levels) > min(20, 2 ** bits // 2)  # the rows span the grid
     out = emulated_linear(x, weight, None, path, False, None)
     np.testing.assert_allclose(out.detach().reshape(-1, 40).double().numpy(), x_q @ w_q.T,
                                rtol=1e-5, atol=1e-6)
@@ -326,14 +330,15 @@ def test_merged_weights_give_the_logits_of_base_plus_adapters(finetuned):
 
 
 def test_evaluate_agrees_with_the_runs_own_validation(finetuned):
-    """`evaluate`'s perplexity over the first 16 held-out sequences is the trainer's
-    validation loss (eval-iters 2 x global batch 8) of the base run."""
+    """`evaluate`'s perplexity over the first 16 held-out sequences, in the run's own order
+    (its seed), is the trainer's validation loss (eval-iters 2 x global batch 8)."""
     from argparse import Namespace
 
     from megatron_gnmr.evaluation import command
 
     args = Namespace(run_dir=str(finetuned / "base"), tasks="ppl,cloze", ppl_sequences=16,
-                     cloze_items=40, context_tokens=48, continuation_tokens=16, exact=False)
+                     cloze_items=40, context_tokens=48, continuation_tokens=16, exact=False,
+                     heldout_seed=parse_config(TINY).training.seed)
     results = command.run(args)
     summary = json.loads((finetuned / "base" / "summary.json").read_text())
     assert results["loss"] == pytest.approx(summary["final_valid_loss"], rel=1e-6)

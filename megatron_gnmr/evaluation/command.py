@@ -58,7 +58,7 @@ def evaluate(run: LoadedRun, tasks: list[str], args) -> dict:
     from megatron_gnmr.lora.adapters import adapters_disabled
 
     results: dict = {"run": str(run.run_dir), "tasks": tasks, "exact": args.exact}
-    valid = run.valid_split(sequences=max(args.ppl_sequences, 1))
+    valid = run.valid_split(sequences=max(args.ppl_sequences, 1), seed=args.heldout_seed)
     views = [("", contextlib.nullcontext)]
     if run.base_run is not None:
         views.append(("base/", lambda: adapters_disabled(run.model)))
@@ -73,7 +73,8 @@ def evaluate(run: LoadedRun, tasks: list[str], args) -> dict:
                 results[f"{prefix}cloze_stderr"] = figures["stderr"]
                 results["cloze_items"] = figures["items"]
     if "retention" in tasks and run.base_run is not None:
-        base_valid = run.valid_split(run_config(run.base_run), args.ppl_sequences)
+        base_valid = run.valid_split(run_config(run.base_run), args.ppl_sequences,
+                                     args.heldout_seed)
         loss = mean_loss(run, base_valid, args.ppl_sequences)
         with adapters_disabled(run.model):
             base_loss = mean_loss(run, base_valid, args.ppl_sequences)
@@ -89,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ppl-sequences", type=int, default=64,
                         help="held-out sequences for the perplexity")
     parser.add_argument("--cloze-items", type=int, default=400, help="cloze questions")
+    parser.add_argument("--heldout-seed", type=int, default=0, help="which held-out sequences "
+                        "the perplexity reads, and in what order (the same for every run; the "
+                        "run's --seed reproduces its own validation)")
     parser.add_argument("--context-tokens", type=int, default=96)
     parser.add_argument("--continuation-tokens", type=int, default=32)
     parser.add_argument("--exact", action="store_true", help="every unit on the recovery path "

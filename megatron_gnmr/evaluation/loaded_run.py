@@ -70,13 +70,13 @@ class LoadedRun:
                              labels=labels.to(device))
         return loss.float().cpu()
 
-    def valid_split(self, config: RunConfig | None = None, sequences: int = 64):
-        """The held-out GPTDataset of this run's data (or another config's)."""
+    def valid_split(self, config: RunConfig | None = None, sequences: int = 64, seed: int = 0):
+        """The held-out GPTDataset of this run's data (or another config's), its sequences in
+        the order `seed` gives (one seed for every run of a comparison: the same questions)."""
         config = config or self.config
         source = resolve_data(config.data) if config is not self.config else self.data
-        _, valid = build_datasets(config.data, source, config.model.seq_length,
-                                  config.training.seed, train_samples=1,
-                                  valid_samples=sequences)
+        _, valid = build_datasets(config.data, source, config.model.seq_length, seed,
+                                  train_samples=1, valid_samples=sequences)
         return valid
 
 

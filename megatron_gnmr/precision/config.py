@@ -19,6 +19,11 @@ class PrecisionConfig:
     """Scaling: tensorwise (current), blockwise (1x128 / 128x128), mxfp8; delayed is refused."""
     deepseek_low_format: str = "e2m3"
     """The 6-bit format of the deepseek recipe's low-cost path: e2m3 or e3m2."""
+    int_weight_bits: int = 8
+    """w8a8: bits of the weights' symmetric integers, per output channel (8; 4 makes it a
+    W4 stress)."""
+    int_activation_bits: int = 8
+    """w8a8: bits of the activations' symmetric integers, per token (8; 4 makes it A4)."""
     act_quant_bits: int = 4
     """act-quant: bits of the saved activation on the low-cost path (2, 3, 4, 8)."""
     act_quant_recovery_bits: int = 8

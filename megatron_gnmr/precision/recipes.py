@@ -81,8 +81,17 @@ def nvfp4(config) -> Recipe:
 def w8a8(config) -> Recipe:
     """SmoothQuant-style W8A8 without smoothing: one scale per token of x and one per output
     channel of W (rows of both in [-1, K]); the backward's dx = dy @ W_q reads the same INT8
-    weight, and a trainable weight's dW = dy^T @ x_q."""
-    low = GemmPath("w8a8", input=QuantSpec("int8", "row"), weight=QuantSpec("int8", "row"))
+    weight, and a trainable weight's dW = dy^T @ x_q. --int-weight-bits / --int-activation-bits
+    narrow the integers (W4A4: a stress where 8 bits do no harm)."""
+    formats = {}
+    for flag, bits in (("--int-weight-bits", config.int_weight_bits),
+                       ("--int-activation-bits", config.int_activation_bits)):
+        if bits not in (2, 3, 4, 8):
+            raise UserError(f"{flag} must be 2, 3, 4 or 8, got {bits}")
+        formats[flag] = f"int{bits}"
+    weight, activation = formats["--int-weight-bits"], formats["--int-activation-bits"]
+    name = f"w{weight[3:]}a{activation[3:]}"
+    low = GemmPath(name, input=QuantSpec(activation, "row"), weight=QuantSpec(weight, "row"))
     return Recipe("w8a8", low, EXACT)
 
 
