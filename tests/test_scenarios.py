@@ -39,8 +39,8 @@ def test_the_lora_scenario_is_valid_runs_from_one_base():
     base = parse_config(scenario.pretrain_flags(smoke=False))
     assert base.model.num_layers >= 4 and base.model.hidden_size >= 256
     assert len(scenario.seeds) >= 3 and scenario.evaluate
-    assert set(scenario.variants) == {"exact-lora", "fixed-int8", "gnmr-int8/bf16",
-                                      "qerr-peers-int8/bf16"}
+    assert {"exact-lora", "fixed-int8", "gnmr-int8/bf16", "qerr-peers-int8/bf16"} <= \
+        set(scenario.variants)
     for variant, seed, flags in scenario.runs(smoke=False):
         assert flags[flags.index("--load") + 1] == "{pretrain}"
         config = parse_config([f.replace("{pretrain}", "/nonexistent") for f in flags])
