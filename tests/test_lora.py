@@ -274,6 +274,9 @@ def test_a_finetune_over_another_base_is_refused(finetuned, tmp_path, capfd):
                                 "--save", str(finetuned / "stopped")])
     assert code == 2
     assert "base checkpoint (--finetune --load) sha256" in capfd.readouterr().err
+    code = pretrain_in_process([*FINETUNE, "--load", str(finetuned / "straight"),
+                                "--save", str(tmp_path / "on_adapters")])
+    assert code == 2 and "merge-lora" in capfd.readouterr().err
 
 
 def test_only_the_adapters_change_during_a_finetune(tmp_path):

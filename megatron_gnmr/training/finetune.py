@@ -20,6 +20,7 @@ import torch
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.training import checkpoint
+from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.resume_contract import base_settings
 
 ADAPTER = ".adapter."
@@ -49,8 +50,6 @@ def check_base_fits(directory: Path, base: dict | None, current: dict) -> None:
 
 def load_base_weights(model_chunks, load: str, current_settings: dict) -> dict:
     """Collective: read the base's model weights into the chunks; returns its identity."""
-    from megatron_gnmr.training.consensus import on_every_rank
-
     choice = checkpoint.choose_checkpoint(load)
     meta = checkpoint.read_meta(choice.directory)
     if "lora" in meta:

@@ -338,6 +338,9 @@ class Trainer:
             "pp": self.config.parallel.pipeline_model_parallel_size,
             "dp": parallel_state.get_data_parallel_world_size(),
             "gnmr_units": len(self.controller.unit_names),
+            **({"trainable_on_rank0": sum(p.numel() for chunk in self.model
+                                          for p in chunk.parameters() if p.requires_grad)}
+               if self.config.lora.enabled else {}),
             **({"kept_in_bf16": len(self.plan.always)} if self.plan.always else {}),
         })
         if self.run_dir and is_logging_rank():

@@ -53,8 +53,8 @@ class RunCheckpoints:
     @property
     def adapters_only(self) -> bool:
         """A LoRA fine-tune saves its adapters; its base is --load's."""
-        t = self.trainer.config
-        return t.training.finetune and t.lora.enabled
+        config = self.trainer.config
+        return config.training.finetune and config.lora.enabled
 
     def save(self, step: int) -> None:
         trainer = self.trainer
