@@ -25,4 +25,4 @@ exec .venv-newest/bin/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist lo
   tests/distributed/test_monitors.py tests/distributed/test_parallel_training.py \
   tests/distributed/test_grad_stats.py tests/test_memory_estimate.py \
   tests/test_moe_precision.py tests/distributed/test_moe_recipes.py \
-  tests/test_precision_config_file.py tests/test_nvfp4.py "$@"
+  tests/test_precision_config_file.py tests/test_nvfp4.py tests/test_lora.py "$@"
