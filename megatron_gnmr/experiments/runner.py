@@ -41,8 +41,9 @@ def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None) 
     log = run_dir.with_suffix(".log")
     if not (run_dir / "summary.json").is_file():
         log.unlink(missing_ok=True)
-        code = _run_logged([str(REPO / "pretrain_llama.py"), *flags, "--save", str(run_dir)],
-                           log)
+        # --resume auto: a run interrupted after a checkpoint continues from it
+        code = _run_logged([str(REPO / "pretrain_llama.py"), *flags, "--save", str(run_dir),
+                            "--resume", "auto"], log)
         if code not in (0, 3):  # 3: the run stopped itself (recorded, not a crash)
             raise RuntimeError(f"run {run_dir.name} failed ({code}); see {log}")
     summary_path = run_dir / "summary.json"
