@@ -72,7 +72,7 @@ def run_figures(run_dir: Path) -> dict:
 
 
 DOWNSTREAM = {  # evaluation.json key -> table figure (`megatron-gnmr evaluate`)
-    "ppl": "heldout_ppl", "cloze_accuracy": "cloze_accuracy",
+    "loss": "heldout_loss", "ppl": "heldout_ppl", "cloze_accuracy": "cloze_accuracy",
     "retention/loss_increase": "retention_loss_increase", "base/ppl": "base_heldout_ppl",
     "base/cloze_accuracy": "base_cloze_accuracy"}
 
@@ -101,11 +101,12 @@ def summarize(scenario: Scenario, out: Path, smoke: bool) -> dict:
         table[variant] = {key: _mean_spread([r[key] for r in runs.values()]) for key in keys}
     baseline = next(iter(per_run))  # the first variant: paired differences by seed
     for variant, runs in per_run.items():
-        table[variant]["train_loss_gap"] = _mean_spread(
-            [r["train_loss_last_tenth"] - per_run[baseline][seed]["train_loss_last_tenth"]
-             for seed, r in runs.items()
-             if r["train_loss_last_tenth"] is not None
-             and per_run[baseline][seed]["train_loss_last_tenth"] is not None])
+        for figure, gap in (("train_loss_last_tenth", "train_loss_gap"),
+                            ("heldout_loss", "heldout_loss_gap"),
+                            ("cloze_accuracy", "cloze_accuracy_gap")):
+            table[variant][gap] = _mean_spread(
+                [r[figure] - per_run[baseline][seed][figure] for seed, r in runs.items()
+                 if r[figure] is not None and per_run[baseline][seed][figure] is not None])
     reference = table[scenario.reference]["step_time_s"]["mean"]
     for variant in table:
         own = table[variant]["step_time_s"]["mean"]
@@ -162,14 +163,17 @@ def _downstream_table(results: dict) -> list[str]:
     if all(row["heldout_ppl"]["mean"] is None for row in rows.values()):
         return []
     lines = ["", "Downstream (`megatron-gnmr evaluate`, mean +- std over seeds): held-out "
-             "perplexity and 4-way cloze accuracy on the run's validation split, the same "
+             "perplexity and 4-way cloze accuracy on the run's validation split, their gaps to "
+             f"`{results['baseline']}` (held-out loss, accuracy; paired by seed), the same "
              "with the adapters off (the base), and the retention loss increase on the base's "
              "corpus.", "",
-             "| variant | held-out ppl | cloze acc | base ppl | base cloze acc "
-             "| retention (loss increase) |", "|---|---|---|---|---|---|"]
+             "| variant | held-out ppl | held-out loss gap | cloze acc | cloze gap | base ppl "
+             "| base cloze acc | retention (loss increase) |", "|---|---|---|---|---|---|---|---|"]
     for variant, row in rows.items():
         lines.append(f"| {variant} | {_cell(row['heldout_ppl'], 2)} | "
-                     f"{_cell(row['cloze_accuracy'], 3)} | {_cell(row['base_heldout_ppl'], 2)} | "
+                     f"{_cell(row['heldout_loss_gap'], 4)} | {_cell(row['cloze_accuracy'], 3)} | "
+                     f"{_cell(row['cloze_accuracy_gap'], 3)} | "
+                     f"{_cell(row['base_heldout_ppl'], 2)} | "
                      f"{_cell(row['base_cloze_accuracy'], 3)} | "
                      f"{_cell(row['retention_loss_increase'], 4)} |")
     return lines
