@@ -5,8 +5,10 @@
 - `retention` (LoRA fine-tunes): the loss on the base's corpus (its validation split), and
   how much higher it is than the base's own (the adapters switched off, same precision).
 A fine-tune also reports `base/ppl` and `base/cloze_accuracy` (adapters off), so its row
-says what fine-tuning changed. Written to RUN_DIR/evaluation.json (the report and
-`reproduce` read it) and printed.
+says what fine-tuning changed. Written to RUN_DIR/evaluation.json (the run's low-cost
+precision, as it would be deployed) or, with `--exact`, RUN_DIR/evaluation-exact.json (every
+unit on the recovery path: a LoRA model merged into its BF16 base); the report and
+`reproduce` read them. Printed too.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.evaluation import output_name
 from megatron_gnmr.evaluation.loaded_run import LoadedRun, load_run, run_config
 from megatron_gnmr.evaluation.tasks import cloze_accuracy, cloze_items
 
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace) -> dict:
     from megatron_gnmr.training.distributed import is_logging_rank, shutdown
 
     if is_logging_rank():
-        (Path(args.run_dir) / "evaluation.json").write_text(json.dumps(results, indent=2))
+        (Path(args.run_dir) / output_name(args.exact)).write_text(json.dumps(results, indent=2))
         for key, value in results.items():
             if isinstance(value, float):
                 print(f"{key:28s} {value:.4f}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.evaluation import output_name
 from megatron_gnmr.experiments.scenario import Scenario, available, load_scenario, results_dir
 from megatron_gnmr.experiments.tables import summarize, write_tables
 
@@ -36,8 +37,9 @@ def _run_logged(command: list[str], log: Path) -> int:
                               env=env, cwd=REPO).returncode
 
 
-def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None) -> dict:
-    """One run (skipped if its summary exists), then its evaluation (skipped likewise)."""
+def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None,
+            evaluate_exact: bool = False) -> dict:
+    """One run (skipped if its summary exists), then its evaluations (skipped likewise)."""
     log = run_dir.with_suffix(".log")
     if not (run_dir / "summary.json").is_file():
         log.unlink(missing_ok=True)
@@ -47,9 +49,12 @@ def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None) 
         if code not in (0, 3):  # 3: the run stopped itself (recorded, not a crash)
             raise RuntimeError(f"run {run_dir.name} failed ({code}); see {log}")
     summary_path = run_dir / "summary.json"
-    if evaluate is not None and summary_path.is_file() and \
-            not (run_dir / "evaluation.json").is_file():
-        code = _run_logged(["-m", "megatron_gnmr.cli", "evaluate", str(run_dir), *evaluate], log)
+    for exact in (False, True) if evaluate_exact else (False,):
+        if evaluate is None or not summary_path.is_file() or \
+                (run_dir / output_name(exact)).is_file():
+            continue
+        code = _run_logged(["-m", "megatron_gnmr.cli", "evaluate", str(run_dir), *evaluate,
+                            *(["--exact"] if exact else [])], log)
         if code != 0:
             raise RuntimeError(f"the evaluation of {run_dir.name} failed ({code}); see {log}")
     return json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -74,7 +79,7 @@ def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2) -> dict
           f"{jobs} at a time -> {out}")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_one, out / f"{variant}-seed{seed}", flags,
-                               scenario.evaluate): (variant, seed)
+                               scenario.evaluate, scenario.evaluate_exact): (variant, seed)
                    for variant, seed, flags in runs}
         for future in tqdm(as_completed(futures), total=len(futures), desc=scenario.name,
                            unit="run"):

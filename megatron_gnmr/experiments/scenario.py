@@ -13,6 +13,7 @@
       flags: [pretrain flags]
       smoke: [flags appended for --smoke]
     evaluate: [megatron-gnmr evaluate flags]   # optional: downstream scores of every run
+    evaluate_exact: true   # optional: evaluate again with every unit exact (--exact)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Scenario:
     variants: dict[str, list[str]]
     pretrain: dict | None = None
     evaluate: list[str] | None = None
+    evaluate_exact: bool = False
 
     def pretrain_flags(self, smoke: bool) -> list[str]:
         """The base run's flags (with --smoke's additions)."""
@@ -87,4 +89,4 @@ def load_scenario(name: str) -> Scenario:
     return Scenario(name, data.get("description", ""), as_strings(data.get("base")),
                     as_strings(data.get("smoke")), list(data.get("seeds", [1])),
                     list(data.get("smoke_seeds", [1])), reference, variants, pretrain,
-                    evaluate)
+                    evaluate, bool(data.get("evaluate_exact", False)))

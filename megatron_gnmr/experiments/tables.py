@@ -78,9 +78,15 @@ DOWNSTREAM = {  # evaluation.json key -> table figure (`megatron-gnmr evaluate`)
 
 
 def downstream_figures(run_dir: Path) -> dict:
-    path = run_dir / "evaluation.json"
-    scores = json.loads(path.read_text()) if path.is_file() else {}
-    return {figure: scores.get(key) for key, figure in DOWNSTREAM.items()}
+    """The evaluation's scores (deployed precision), and the held-out loss and cloze accuracy
+    with every unit exact (`evaluate --exact`), when they were measured."""
+    scores, exact = ({}, {})
+    for name, target in (("evaluation.json", scores), ("evaluation-exact.json", exact)):
+        if (run_dir / name).is_file():
+            target.update(json.loads((run_dir / name).read_text()))
+    return {**{figure: scores.get(key) for key, figure in DOWNSTREAM.items()},
+            "exact_heldout_loss": exact.get("loss"),
+            "exact_cloze_accuracy": exact.get("cloze_accuracy")}
 
 
 def _mean_spread(values: list) -> dict:
@@ -103,7 +109,9 @@ def summarize(scenario: Scenario, out: Path, smoke: bool) -> dict:
     for variant, runs in per_run.items():
         for figure, gap in (("train_loss_last_tenth", "train_loss_gap"),
                             ("heldout_loss", "heldout_loss_gap"),
-                            ("cloze_accuracy", "cloze_accuracy_gap")):
+                            ("cloze_accuracy", "cloze_accuracy_gap"),
+                            ("exact_heldout_loss", "exact_heldout_loss_gap"),
+                            ("exact_cloze_accuracy", "exact_cloze_accuracy_gap")):
             table[variant][gap] = _mean_spread(
                 [r[figure] - per_run[baseline][seed][figure] for seed, r in runs.items()
                  if r[figure] is not None and per_run[baseline][seed][figure] is not None])
@@ -176,4 +184,14 @@ def _downstream_table(results: dict) -> list[str]:
                      f"{_cell(row['base_heldout_ppl'], 2)} | "
                      f"{_cell(row['base_cloze_accuracy'], 3)} | "
                      f"{_cell(row['retention_loss_increase'], 4)} |")
+    if any(row["exact_heldout_loss"]["mean"] is not None for row in rows.values()):
+        lines += ["", "The same runs evaluated with every unit exact (`evaluate --exact`: the "
+                  "adapters on the unquantized base, as a model merged into its BF16 base is "
+                  "served), gaps paired by seed:", "",
+                  "| variant | held-out loss | held-out loss gap | cloze acc | cloze gap |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {variant} | {_cell(row['exact_heldout_loss'], 4)} | "
+                  f"{_cell(row['exact_heldout_loss_gap'], 4)} | "
+                  f"{_cell(row['exact_cloze_accuracy'], 3)} | "
+                  f"{_cell(row['exact_cloze_accuracy_gap'], 3)} |" for variant, row in rows.items()]
     return lines
