@@ -66,7 +66,8 @@ def test_reproduce_pretrains_once_then_evaluates_every_run(tmp_path):
         pretrain={"name": "tiny", "flags": [*TINY, "--train-iters", "3", "--eval-interval",
                                             "3"], "smoke": []},
         evaluate=["--tasks", "ppl,cloze,retention", "--ppl-sequences", "4", "--cloze-items",
-                  "8", "--context-tokens", "24", "--continuation-tokens", "8"])
+                  "8", "--context-tokens", "24", "--continuation-tokens", "8"],
+        evaluate_exact=True)
     results = reproduce(scenario, tmp_path, smoke=False)
     base = scenario.pretrain_dir(CACHE_DIR, smoke=False)
     assert (base / "summary.json").is_file()
@@ -76,7 +77,11 @@ def test_reproduce_pretrains_once_then_evaluates_every_run(tmp_path):
         meta = next((tmp_path / f"{variant}-seed1" / "checkpoints").glob("iter_*/meta.json"))
         assert json.loads(meta.read_text())["lora"]["base"]["path"].startswith(str(base))
     assert results["table"]["int8"]["cloze_accuracy"]["n"] == 1
-    assert "| exact |" in (tmp_path / "results.md").read_text().split("Downstream")[1]
+    downstream = (tmp_path / "results.md").read_text().split("Downstream")[1]
+    assert "| exact |" in downstream and "`evaluate --exact`" in downstream
+    exact = json.loads((tmp_path / "int8-seed1" / "evaluation-exact.json").read_text())
+    deployed = json.loads((tmp_path / "int8-seed1" / "evaluation.json").read_text())
+    assert exact["exact"] and exact["loss"] != deployed["loss"]  # INT8 vs exact base
 
 
 def test_the_frontier_noise_scenario_is_valid_runs():
