@@ -95,8 +95,12 @@ def _report(scenario: Scenario, out: Path, runs) -> None:
     from megatron_gnmr.observe.report import load_run, render_report
 
     first_seed = runs[0][1]
-    dirs = [out / f"{variant}-seed{first_seed}" for variant in scenario.variants]
-    figure = render_report([load_run(str(d)) for d in dirs])
+    logs = []
+    for variant in scenario.variants:  # named by variant: `gnmr-4/8` would show as `8-seed1`
+        log = load_run(str(out / f"{variant}-seed{first_seed}"))
+        log.name = f"{variant}-seed{first_seed}"
+        logs.append(log)
+    figure = render_report(logs)
     figure.savefig(out / "report.png", dpi=100)
 
 

@@ -108,7 +108,7 @@ def _loss_panel(ax, runs: list[RunLog]) -> None:
             ax.plot(steps, losses, "o--", color=color, markersize=4, label=f"{run.name} valid")
     ax.set_title("Loss")
     ax.set_xlabel("step")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right")
     lines = [line for run in runs if (line := evaluation_line(run))]
     if lines:
         ax.text(0.01, 0.01, "\n".join(lines), transform=ax.transAxes, fontsize=7,
