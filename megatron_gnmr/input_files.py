@@ -36,12 +36,9 @@ def check_data(data) -> None:
         if data.tokenizer_model is not None:
             raise UserError("--tokenizer-model goes with --data-path (a prepared corpus brings "
                             "its own tokenizer; --tokenizer-corpus picks another corpus's)")
-        from megatron_gnmr.data.prepare import CORPORA
+        from megatron_gnmr.data.prepare import check_corpora
 
-        for flag, name in (("--corpus", data.corpus), ("--tokenizer-corpus",
-                                                        data.tokenizer_corpus)):
-            if name is not None and name not in CORPORA:
-                raise UserError(f"{flag} {name!r}: use one of {', '.join(CORPORA)}")
+        check_corpora(data.corpus, data.tokenizer_corpus)
         return
     from megatron_gnmr.data.indexed import check_indexed_dataset, check_token_range
     from megatron_gnmr.data.tokenizer import Tokenizer

@@ -81,9 +81,7 @@ def prepare_data(cache_dir: str, vocab_size: int = 4096, inputs: list[str] | Non
     `tokenizer_corpus`, in that corpus's tokenizer, prepared first if need be)."""
     if not 256 < vocab_size <= 65536:
         raise UserError(f"--vocab-size must be in (256, 65536], got {vocab_size}")
-    for flag, name in (("--corpus", corpus), ("--tokenizer-corpus", tokenizer_corpus)):
-        if name is not None and name not in CORPORA:
-            raise UserError(f"{flag} {name!r}: use one of {', '.join(CORPORA)}")
+    check_corpora(corpus, tokenizer_corpus)
     directory = dataset_directory(cache_dir, vocab_size, inputs, corpus, tokenizer_corpus)
     prepared = PreparedData(directory)
     if (directory / "meta.json").exists():
@@ -95,6 +93,12 @@ def prepare_data(cache_dir: str, vocab_size: int = 4096, inputs: list[str] | Non
             return prepared
         _prepare(prepared, cache_dir, vocab_size, inputs, quiet, corpus, tokenizer_corpus)
     return prepared
+
+
+def check_corpora(corpus: str, tokenizer_corpus: str | None) -> None:
+    for flag, name in (("--corpus", corpus), ("--tokenizer-corpus", tokenizer_corpus)):
+        if name is not None and name not in CORPORA:
+            raise UserError(f"{flag} {name!r}: use one of {', '.join(CORPORA)}")
 
 
 @contextlib.contextmanager
