@@ -11,12 +11,12 @@ zlib-compressed R serialisations, each a STRSXP of the novel's lines).
 from __future__ import annotations
 
 import io
-import os
 import struct
 import tarfile
 import zlib
 from pathlib import Path
 
+from megatron_gnmr.data.corpus import fetched_documents
 from megatron_gnmr.errors import UserError
 
 AUSTEN_URL = ("http://deb.debian.org/debian/pool/main/r/r-cran-janeaustenr/"
@@ -28,19 +28,13 @@ STRSXP, CHARSXP = 16, 9
 
 def austen_documents(cache_dir: Path) -> list[str]:
     """The six novels, one document each (cached as text files after the first call)."""
-    from megatron_gnmr.data.corpus import download_checked
+    return fetched_documents(cache_dir, "austen", "the Jane Austen corpus", AUSTEN_URL,
+                             "MEGATRON_GNMR_AUSTEN_URL", AUSTEN_SHA256, write_novels)
 
-    target = cache_dir / "corpora" / "austen"
-    done = target / ".complete"
-    if not done.exists():
-        archive = download_checked(os.environ.get("MEGATRON_GNMR_AUSTEN_URL", AUSTEN_URL),
-                                   AUSTEN_SHA256, "the Jane Austen corpus",
-                                   "MEGATRON_GNMR_AUSTEN_URL")
-        target.mkdir(parents=True, exist_ok=True)
-        for index, lines in enumerate(character_vectors(rdata_from_deb(archive))):
-            (target / f"novel_{index}.txt").write_text("\n".join(lines) + "\n")
-        done.touch()
-    return [path.read_text(encoding="utf-8") for path in sorted(target.glob("novel_*.txt"))]
+
+def write_novels(deb: bytes, target: Path) -> None:
+    for index, lines in enumerate(character_vectors(rdata_from_deb(deb))):
+        (target / f"novel_{index}.txt").write_text("\n".join(lines) + "\n")
 
 
 def rdata_from_deb(deb: bytes) -> bytes:

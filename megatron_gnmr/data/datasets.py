@@ -11,7 +11,6 @@ without broadcasting batches.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import (
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
 from megatron_gnmr.data.config import DataConfig
-from megatron_gnmr.data.prepare import prepare_data
+from megatron_gnmr.data.prepare import exclusive_lock, prepare_data
 from megatron_gnmr.data.tokenizer import Tokenizer
 from megatron_gnmr.errors import UserError
 
@@ -124,12 +123,8 @@ def building_alone(cache: Path):
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         yield
         return
-    with open(cache / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive_lock(cache / ".build.lock"):
+        yield
 
 
 def _plain_npy(path: Path) -> bool:

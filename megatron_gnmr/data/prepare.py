@@ -104,7 +104,14 @@ def check_corpora(corpus: str, tokenizer_corpus: str | None) -> None:
 @contextlib.contextmanager
 def preparing_alone(cache_dir: Path):
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".prepare.lock", "w") as lock:
+    with exclusive_lock(cache_dir / ".prepare.lock"):
+        yield
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path):
+    """One process at a time (across jobs) between enter and exit."""
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

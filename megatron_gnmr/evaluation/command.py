@@ -44,11 +44,14 @@ def mean_loss(run: LoadedRun, valid, sequences: int) -> float:
     return total / max(count, 1.0)
 
 
-def cloze(run: LoadedRun, valid, args) -> dict:
+def held_out_items(valid, args) -> list:
+    """The cloze questions from the held-out documents (the same for every view and run)."""
     documents = [valid.dataset[int(index)] for index in np.unique(valid.indices)]
-    items = cloze_items(documents, args.context_tokens, args.continuation_tokens,
-                        args.cloze_items, seed=0)
+    return cloze_items(documents, args.context_tokens, args.continuation_tokens,
+                       args.cloze_items, seed=0)
 
+
+def cloze(run: LoadedRun, items: list) -> dict:
     def log_probs(contexts, choices):
         losses = run.token_losses([list(c) + list(x) for c, x in zip(contexts, choices)])
         return [-loss[len(c) - 1:] for loss, c in zip(losses, contexts)]
@@ -62,6 +65,7 @@ def evaluate(run: LoadedRun, tasks: list[str], args) -> dict:
 
     results: dict = {"run": str(run.run_dir), "tasks": tasks, "exact": args.exact}
     valid = run.valid_split(sequences=max(args.ppl_sequences, 1), seed=args.heldout_seed)
+    items = held_out_items(valid, args) if "cloze" in tasks else []
     views = [("", contextlib.nullcontext)]
     if run.base_run is not None:
         views.append(("base/", lambda: adapters_disabled(run.model)))
@@ -71,7 +75,7 @@ def evaluate(run: LoadedRun, tasks: list[str], args) -> dict:
                 loss = mean_loss(run, valid, args.ppl_sequences)
                 results[f"{prefix}loss"], results[f"{prefix}ppl"] = loss, math.exp(loss)
             if "cloze" in tasks:
-                figures = cloze(run, valid, args)
+                figures = cloze(run, items)
                 results[f"{prefix}cloze_accuracy"] = figures["accuracy"]
                 results[f"{prefix}cloze_stderr"] = figures["stderr"]
                 results["cloze_items"] = figures["items"]

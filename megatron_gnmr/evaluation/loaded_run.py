@@ -21,7 +21,7 @@ from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.precision_config_file import kept_high
 from megatron_gnmr.training import checkpoint
-from megatron_gnmr.training.finetune import base_identity, load_adapters, load_weights
+from megatron_gnmr.training.finetune import load_adapters, load_weights, recorded_base
 from megatron_gnmr.training.resume import load_model_state
 
 BATCH = 32  # sequences per forward pass
@@ -113,11 +113,7 @@ def _load_weights(model, directory: Path, meta: dict) -> Path | None:
         for chunk, state in zip(model, shard["model"], strict=True):
             load_model_state(chunk, state)
         return None
-    base = Path(meta["lora"]["base"]["path"])
-    if not (base / "meta.json").is_file() or \
-            base_identity(base)["sha256"] != meta["lora"]["base"]["sha256"]:
-        raise UserError(f"evaluate {directory}: its base {base} is gone or has changed since "
-                        "the fine-tune (sha256 of its meta.json differs)")
+    base = recorded_base(meta["lora"], f"evaluate {directory}")
     checkpoint.choose_checkpoint(str(base))  # every rank checks its shard's sha256
     base_shard = checkpoint.load_shard(base)
     for chunk, state, adapters in zip(model, base_shard["model"], shard["model"], strict=True):

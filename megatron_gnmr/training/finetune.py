@@ -48,6 +48,17 @@ def check_base_fits(directory: Path, base: dict | None, current: dict) -> None:
                             "base's model shape and parallel layout")
 
 
+def recorded_base(lora_meta: dict, who: str) -> Path:
+    """The base a LoRA fine-tune's checkpoint names, refused if it is gone or has changed
+    since (its meta.json, which records every shard's sha256, hashes differently)."""
+    base = Path(lora_meta["base"]["path"])
+    if not (base / "meta.json").is_file() or \
+            base_identity(base)["sha256"] != lora_meta["base"]["sha256"]:
+        raise UserError(f"{who}: its base {base} is gone or has changed since the fine-tune "
+                        "(the sha256 of its meta.json differs)")
+    return base
+
+
 def load_base_weights(model_chunks, load: str, current_settings: dict) -> dict:
     """Collective: read the base's model weights into the chunks; returns its identity."""
     choice = checkpoint.choose_checkpoint(load)

@@ -16,7 +16,7 @@ from pathlib import Path
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.lora.merge import merge_group
 from megatron_gnmr.training import checkpoint
-from megatron_gnmr.training.finetune import base_identity
+from megatron_gnmr.training.finetune import recorded_base
 
 
 def merge_run(run_dir: str, out: str) -> Path:
@@ -32,11 +32,7 @@ def merge_run(run_dir: str, out: str) -> Path:
     world = meta["world_size"]
     adapters = [checkpoint.read_shard(directory, rank)["model"][0] for rank in range(world)]
     if lora.get("base"):  # an adapters-only fine-tune: the weights are its base's
-        base_dir = Path(lora["base"]["path"])
-        if not (base_dir / "meta.json").is_file() or \
-                base_identity(base_dir)["sha256"] != lora["base"]["sha256"]:
-            raise UserError(f"merge-lora {run_dir}: its base {base_dir} is gone or has changed "
-                            "since the fine-tune")
+        base_dir = recorded_base(lora, f"merge-lora {run_dir}")
         bases = [checkpoint.read_shard(base_dir, rank)["model"][0] for rank in range(world)]
     else:
         bases = adapters
