@@ -157,6 +157,9 @@ class TrainingConfig:
     """Checkpoints kept in --save (older ones are deleted after a new one is complete)."""
     distributed_timeout_minutes: int = limit(10, ge=1)
     """A collective that waits longer than this (a rank died or hangs) fails the run."""
+    stop_on_divergence: bool = False
+    """Stop (after checkpointing) once the run has diverged: the 20-step mean training loss
+    20% above its running minimum, after step 100 (training/divergence.py); for sweeps."""
     exit_interval: int = limit(0, ge=0)
     """Stop (after checkpointing) once the step count is a multiple of N (0: never)."""
     inject_nonfinite: Optional[str] = None

@@ -118,7 +118,9 @@ def layer_spec(config: RunConfig, moe: bool = True):
     if backend.layer_spec is not None:
         return backend.layer_spec(num_experts)
     spec = megatron_compat.local_layer_spec(num_experts)
-    if config.training.emulated_attention or config.training.attention_fault_bits:
+    from megatron_gnmr.precision.attention_fault import switchable_attention
+
+    if config.training.emulated_attention or switchable_attention(config):
         from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
 
         spec = copy.deepcopy(spec)

@@ -172,6 +172,7 @@ def validate_precision(config: RunConfig) -> None:
     if precision.act_quant_granularity not in ("tensor", "row", "tile"):
         raise UserError("--act-quant-granularity must be tensor, row or tile")
     build_recipe(precision)  # raises a UserError naming the flag
+    validate_attention_precision(config)
     if precision.precision_config_file:
         from megatron_gnmr.precision.precision_config_file import matchers
 
@@ -190,6 +191,29 @@ def validate_precision(config: RunConfig) -> None:
                             f"inputs), not {precision.precision_recipe}")
     if backend(precision).validate is not None:
         backend(precision).validate(config)
+
+
+def validate_attention_precision(config: RunConfig) -> None:
+    from megatron_gnmr.precision.attention_fault import ATTENTION_PRECISIONS, switchable_attention
+    from megatron_gnmr.precision.backends import backend
+
+    precision = config.precision
+    if precision.attention_precision not in ATTENTION_PRECISIONS:
+        raise UserError(f"--attention-precision must be {' or '.join(ATTENTION_PRECISIONS)}, "
+                        f"got {precision.attention_precision!r}")
+    if not switchable_attention(config):
+        return
+    if backend(precision).layer_spec is not None:
+        raise UserError(f"--attention-precision / --attention-fault-bits with --precision-recipe "
+                        f"{precision.precision_recipe}: the switchable core attention is the "
+                        "emulated one of the local layer spec; this backend builds its own "
+                        "layers, and its FP8 attention (Transformer Engine's fp8_dpa) is set for "
+                        "the whole model, not per layer")
+    if config.gnmr.enabled and config.parallel.expert_model_parallel_size > 1:
+        raise UserError("--attention-precision / --attention-fault-bits with --gnmr and "
+                        "--expert-model-parallel-size > 1 is not supported yet (the core "
+                        "attention's gradient sums need the world all-reduce, which counts "
+                        "parameter norms on data-parallel rank 0 only)")
 
 
 def validate_logging(config: RunConfig) -> None:
@@ -299,7 +323,7 @@ def validate_controller(config: RunConfig) -> None:
 
     from megatron_gnmr.lora.adapters import lora_units
 
-    eligible_unit_names(UnitShape.of(m), gnmr.units, lora_units(config))  # raises if none
+    eligible_unit_names(UnitShape.of_run(config), gnmr.units, lora_units(config))  # raises if none
     probed = gnmr.probed()
     from megatron_gnmr.precision.backends import BACKENDS, backend
 

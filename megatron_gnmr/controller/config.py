@@ -115,9 +115,11 @@ class GNMRRunConfig(GNMRConfig):
 
     enabled: bool = False
     """Turn the GNMR controller on (flag: --gnmr)."""
-    units: str = (r"layers\.\d+\.(self_attention\.linear_(qkv|proj)"
+    units: str = (r"layers\.\d+\.(self_attention\.(linear_(qkv|proj)|core_attention)"
                   r"|mlp\.(experts\.\d+\.|shared_experts\.)?linear_fc[12])$")
-    """Regex over unit names selecting the eligible units (default: all decoder linears)."""
+    """Regex over unit names selecting the eligible units (default: all decoder linears, and
+    each layer's core attention where it is switchable: --attention-precision fp8 or an
+    attention fault)."""
     nonfinite: str = "skip"
     """On a NaN/Inf gradient: `skip` the optimizer step, or `raise` (stop, keep checkpoint)."""
     trace_interval: int = limit(1, ge=0)
@@ -136,6 +138,9 @@ class GNMRRunConfig(GNMRConfig):
     qerr_baseline: str = "history"
     """qerr baseline: history (the unit's own running mean, like GNMR) or peers (this step's
     median over units)."""
+    monitor_hold: int = limit(-1, ge=-1)
+    """monitor signal: decisions a unit stays risky after the alarm naming it clears (-1: the
+    rest of the run; controller/signals/monitor.py says why that is the default)."""
     static_units: str = r"mlp\.(experts\.\d+\.)?linear_fc2$"
     """static baseline: regex of the units it recovers."""
     selection_seed: int = limit(0, ge=0, lt=2**63)
@@ -171,6 +176,7 @@ class GNMRRunConfig(GNMRConfig):
         the same way, and swept by replay)."""
         return {"signals": self.signals, "qerr_ratio": self.qerr_ratio,
                 "qerr_baseline": self.qerr_baseline, "static_units": self.static_units,
+                "monitor_hold": self.monitor_hold,
                 "seed": self.selection_seed + run_seed}
 
     def policy_config(self) -> GNMRConfig:

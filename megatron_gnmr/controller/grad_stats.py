@@ -4,7 +4,10 @@ After megatron's DDP has reduced gradients into `param.main_grad`, every local g
 norm is taken in one fused pass (`torch._foreach_norm`), squared, and summed into a
 `[num_units + 1]` float32 vector by unit (the last slot collects every parameter that is not
 an eligible unit: embeddings, norms, output head). TP-duplicated parameters (e.g. norm
-weights) are counted on TP rank 0 only, as megatron's `get_grad_norm_fp32` does. One SUM
+weights) are counted on TP rank 0 only, as megatron's `get_grad_norm_fp32` does. A weightless
+unit (a core attention) adds the squared norm of the gradients it hands back to its inputs,
+summed on the device during the backward; it does not enter the global norm (clipping scales
+parameters only). One SUM
 all-reduce over megatron's grad-stats group (the model-parallel group) completes the
 vector: every rank then holds every unit's full, unsharded norm and the global norm for
 clipping, which is never computed a second time.
@@ -45,18 +48,28 @@ class StepGradStats:
 class GradStats:
     def __init__(self, registry: UnitRegistry, model_chunks: list[torch.nn.Module],
                  group: torch.distributed.ProcessGroup | None = None,
-                 expert_parallel: bool = False, probes=None, sharded: bool = False):
+                 expert_parallel: bool = False, probes=None, sharded: bool = False,
+                 attention_sums=None):
         self.num_units = registry.num_units
         self.probes = probes
+        # Weightless units (core attention): the squared norms of the gradients they hand
+        # back, per data-parallel rank (precision/attention_fault.py).
+        self.attention_sums = attention_sums
         self.sharded = sharded  # the distributed optimizer: gradients reduce-scattered
         self.shards: dict[int, tuple[int, int]] | None = None  # param id -> owned range
-        # Probe sums differ across data-parallel ranks (each saw its own micro-batches), so
-        # with probes the one all-reduce spans the world and the (identical) gradient norms
-        # are contributed by data-parallel rank 0 only (with shards: by every rank).
-        self.norms_here = sharded or probes is None or \
+        # Probe and attention sums differ across data-parallel ranks (each saw its own
+        # micro-batches), so with either the one all-reduce spans the world and the
+        # (identical) gradient norms are contributed by data-parallel rank 0 only (with
+        # shards: by every rank).
+        per_rank_sums = probes is not None or attention_sums is not None
+        self.norms_here = sharded or not per_rank_sums or \
             parallel_state.get_data_parallel_rank() == 0
+        # Each data-parallel rank's loss is averaged over its own micro-batches, so its
+        # activation gradients are dp x those of the global batch's loss: the sum of their
+        # squares over dp ranks is dp^2 x the layout-free value.
+        self.data_parallel_size = parallel_state.get_data_parallel_world_size()
         if group is None:
-            if probes is not None or sharded:
+            if per_rank_sums or sharded:
                 group = torch.distributed.group.WORLD
             elif expert_parallel:
                 group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
@@ -82,17 +95,26 @@ class GradStats:
             norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g
                                          for g in grads])
             squared.index_add_(0, self.slots.to(squared.device), torch.stack(norms).square())
-        if self.probes is None:
-            torch.distributed.all_reduce(squared, group=self.group)
-            probe_sums = None
-        else:
-            both = torch.cat([squared.double(), self.probes.take().to(squared.device)])
-            torch.distributed.all_reduce(both, group=self.group)
-            squared, probe_sums = both[: self.num_units + 1], both[self.num_units + 1:]
-            probe_sums = probe_sums.reshape(self.num_units, -1).cpu().numpy()
-        squared = squared.double().cpu() / (loss_scale**2)
-        return StepGradStats(unit_norms=squared[:-1].sqrt().numpy(),
-                             total_norm=float(squared.sum().sqrt()), probe_sums=probe_sums)
+        parts = [squared.double()]
+        if self.attention_sums is not None:
+            parts.append(self.attention_sums.take().to(squared.device))
+        if self.probes is not None:
+            parts.append(self.probes.take().to(squared.device))
+        reduced = torch.cat(parts) if len(parts) > 1 else squared
+        torch.distributed.all_reduce(reduced, group=self.group)  # the one collective
+        reduced = reduced.double().cpu()
+        squared = reduced[: self.num_units + 1] / (loss_scale**2)
+        total_norm = float(squared.sum().sqrt())  # parameters only: what clipping scales
+        unit_squared = squared[:-1]
+        rest = reduced[self.num_units + 1:]
+        if self.attention_sums is not None:
+            activation = rest[: self.num_units] / (loss_scale * self.data_parallel_size) ** 2
+            unit_squared = unit_squared + activation
+            rest = rest[self.num_units:]
+        probe_sums = rest.reshape(self.num_units, -1).numpy() if self.probes is not None \
+            else None
+        return StepGradStats(unit_norms=unit_squared.sqrt().numpy(), total_norm=total_norm,
+                             probe_sums=probe_sums)
 
     def _local_gradients(self, optimizer) -> list[torch.Tensor]:
         if not self.sharded:

@@ -1,7 +1,9 @@
 """The controller inside a training run: statistics -> policy -> next step's plan.
 
-`Controller.after_backward` is the trainer's one call per optimizer step, after the
-gradients are reduced and before the update (`outcome.StepOutcome`). It owns the one
+The trainer calls it twice per optimizer step: `after_backward`, after the gradients are
+reduced and before the update (statistics, clipping: `outcome.StepOutcome`), and `decide`,
+after the update and the monitors' check (the plan of the next step, from the statistics and
+the alarms of this one). It owns the one
 all-reduce of the statistics (`GradStats`: norms and, when signals need them, the precision
 probes' sums), the other risk signals (`signals/`), the pure policy, the
 `PrecisionPlan` the precision backends read, clipping with the same global norm, and the
@@ -48,13 +50,15 @@ class Controller:
     def __init__(self, config: GNMRRunConfig, registry: UnitRegistry,
                  model_chunks: list[torch.nn.Module], plan: PrecisionPlan, group=None,
                  expert_parallel: bool = False, probes=None, seed: int = 0,
-                 clip_grad: float = 0.0, faults=None, sharded_gradients: bool = False):
+                 clip_grad: float = 0.0, faults=None, sharded_gradients: bool = False,
+                 attention_sums=None):
         self.config = config
         self.clip_grad = clip_grad
         self.faults = faults  # test-only hooks (training.faults.FaultHooks), or None
         self.registry = registry
         self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes,
-                                    sharded=sharded_gradients)
+                                    sharded=sharded_gradients, attention_sums=attention_sums)
+        self.stats: StepGradStats | None = None  # this step's, between the two calls
         self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
         self.signal_names = parse_signals(config.signals)
         self.signal_settings = config.signal_settings(seed)
@@ -76,29 +80,35 @@ class Controller:
     def unit_names(self) -> list[str]:
         return self.registry.names
 
-    def after_backward(self, step: int, optimizer, loss: float,
-                       alarmed: frozenset[str]) -> StepOutcome:
-        """Step `step`'s statistics -> the decision for step `step + 1`, then clipping and
-        megatron's gradient preparation unless something is non-finite. `alarmed`: the
-        unit-name prefixes under a firing monitor alarm, for the `monitor` signal."""
-        stats = self.grad_stats.compute(float(optimizer.get_loss_scale()), optimizer)
-        decision = self.observe(stats, step, alarmed)
-        if self.faults is not None:
-            self.faults.corrupt_controller(step, self.policy)
-        interval = self.config.agreement_interval
-        if interval and step % interval == 0:
-            self.verify_agreement(step)
-        metrics = self.metrics(decision)
-        nonfinite = [self.registry.names[u] for u in decision.nonfinite]
+    def after_backward(self, step: int, optimizer, loss: float) -> StepOutcome:
+        """Step `step`'s statistics (the one all-reduce), then clipping and megatron's
+        gradient preparation unless something is non-finite."""
+        stats = self.stats = self.grad_stats.compute(float(optimizer.get_loss_scale()),
+                                                     optimizer)
+        nonfinite = [self.registry.names[u] for u in np.flatnonzero(~np.isfinite(
+            stats.unit_norms))]
         if not math.isfinite(stats.total_norm) and not nonfinite:
             nonfinite.append("non-unit")
         if not math.isfinite(loss):
             nonfinite.append("loss")
         if nonfinite:
-            return StepOutcome(stats.total_norm, False, tuple(nonfinite), metrics)
+            return StepOutcome(stats.total_norm, False, tuple(nonfinite))
         self.grad_stats.clip_(stats.total_norm, self.clip_grad)
         found_inf = optimizer.prepare_grads()
-        return StepOutcome(stats.total_norm, not found_inf, (), metrics)
+        return StepOutcome(stats.total_norm, not found_inf, ())
+
+    def decide(self, step: int, alarmed: frozenset[str]) -> dict:
+        """Step `step`'s statistics -> the plan of step `step + 1`, after the update and the
+        monitors' check of step `step`, so an alarm raised at that check already acts on the
+        next step. `alarmed`: the unit-name prefixes under a firing monitor alarm, for the
+        `monitor` signal. Returns the step's metrics."""
+        decision = self.observe(self.stats, step, alarmed)
+        if self.faults is not None:
+            self.faults.corrupt_controller(step, self.policy)
+        interval = self.config.agreement_interval
+        if interval and step % interval == 0:
+            self.verify_agreement(step)
+        return self.metrics(decision)
 
     def observe(self, stats: StepGradStats, step: int,
                 alarmed: frozenset[str] = frozenset()) -> Decision:

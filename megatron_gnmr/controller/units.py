@@ -32,6 +32,7 @@ FUSED_NORM_PARAMETERS = ("layer_norm_weight", "layer_norm_bias")
 # Per decoder layer, in canonical order (SPEC 2).
 ATTENTION_UNIT_SUFFIXES = ("self_attention.linear_qkv", "self_attention.linear_proj")
 DENSE_UNIT_SUFFIXES = (*ATTENTION_UNIT_SUFFIXES, "mlp.linear_fc1", "mlp.linear_fc2")
+CORE_ATTENTION_SUFFIX = "self_attention.core_attention"
 
 
 @dataclass(frozen=True)
@@ -43,21 +44,37 @@ class UnitShape:
     num_experts: int | None = None
     shared_experts: bool = False
     first_dense_layers: int = 0
+    core_attention: bool = False
+    """Each layer's core attention is a unit too (low-precision attention is switchable:
+    `precision/attention_fault.py`), between linear_qkv and linear_proj."""
 
     @classmethod
-    def of(cls, model) -> "UnitShape":
+    def of(cls, model, core_attention: bool = False) -> "UnitShape":
         """The shape of a `ModelConfig`'s model."""
         return cls(model.num_layers, model.num_experts,
                    bool(model.moe_shared_expert_intermediate_size),
-                   model.moe_first_dense_layers if model.num_experts else 0)
+                   model.moe_first_dense_layers if model.num_experts else 0, core_attention)
+
+    @classmethod
+    def of_run(cls, config) -> "UnitShape":
+        """The shape of a `RunConfig`'s model, with its core attention a unit when the run's
+        attention has a low-cost path."""
+        from megatron_gnmr.precision.attention_fault import switchable_attention
+
+        return cls.of(config.model, switchable_attention(config))
+
+    def attention_suffixes(self) -> tuple[str, ...]:
+        if not self.core_attention:
+            return ATTENTION_UNIT_SUFFIXES
+        return (ATTENTION_UNIT_SUFFIXES[0], CORE_ATTENTION_SUFFIX, ATTENTION_UNIT_SUFFIXES[1])
 
     def layer_suffixes(self, layer: int) -> tuple[str, ...]:
         """Unit names inside decoder layer `layer` (0-based), in canonical order."""
         if not self.num_experts or layer < self.first_dense_layers:
-            return DENSE_UNIT_SUFFIXES
+            return (*self.attention_suffixes(), *DENSE_UNIT_SUFFIXES[2:])
         shared = (tuple(f"mlp.shared_experts.linear_fc{i}" for i in (1, 2))
                   if self.shared_experts else ())
-        return (*ATTENTION_UNIT_SUFFIXES, *shared,
+        return (*self.attention_suffixes(), *shared,
                 *(f"mlp.experts.{expert}.linear_fc{i}" for expert in range(self.num_experts)
                   for i in (1, 2)))
 

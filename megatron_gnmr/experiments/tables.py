@@ -9,26 +9,17 @@ from pathlib import Path
 
 from megatron_gnmr.experiments.scenario import Scenario
 from megatron_gnmr.jsonl import read_jsonl
+from megatron_gnmr.training.divergence import DivergenceRule
 
 
-DIVERGENCE_WINDOW = 20
-DIVERGENCE_FACTOR = 1.2
 COLLAPSED_EFFECTIVE_RANK = 2.0
 
 
-def divergence_step(records: list[dict], warmup: int = 100) -> int | None:
-    """First step where the training loss, averaged over the last 20 logged steps, is 20%
-    above its running minimum (after `warmup` steps): the run has diverged."""
-    losses = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
-    best = math.inf
-    for i in range(DIVERGENCE_WINDOW, len(losses) + 1):
-        step = losses[i - 1][0]
-        window = [loss for _, loss in losses[i - DIVERGENCE_WINDOW:i]]
-        smoothed = statistics.mean(window) if all(map(math.isfinite, window)) else math.inf
-        if step > warmup and smoothed > DIVERGENCE_FACTOR * best:
-            return step
-        best = min(best, smoothed)
-    return None
+def divergence_step(records: list[dict]) -> int | None:
+    """The first logged step at which the run had diverged (`training/divergence.py`)."""
+    rule = DivergenceRule()
+    return next((r["step"] for r in records if "train/loss" in r
+                 and rule.observe(r["step"], r["train/loss"])), None)
 
 
 def first_step(records: list[dict], predicate) -> int | None:

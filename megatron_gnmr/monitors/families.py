@@ -18,8 +18,9 @@ class Family:
     monitor: Callable  # (model_chunks, MonitorConfig) -> monitor
     alarm_signals: dict[str, int]
     """Signals that raise alarms -> the side they fail on: -1 falling, +1 rising."""
-    unit_prefix: Callable[[int], str]
-    """The units a firing alarm of layer l names, as a unit-name prefix."""
+    unit_prefixes: Callable[[int], tuple[str, ...]]
+    """The units a firing alarm of layer l names, as unit-name prefixes in order of
+    preference: the first that some unit of the model has is named."""
     needs_experts: bool = False
 
 
@@ -36,14 +37,19 @@ def _router(model_chunks, config):
 
 
 FAMILIES = {
-    # Update spectra collapse: their entropies fall (SPEC 7.1).
+    # Update spectra collapse: their entropies fall (SPEC 7.1). The mechanism (biased
+    # rounding in the attention backward) lives in the core attention, so an alarm names the
+    # layer's core attention where it is a unit: its projections' GEMMs cannot cause it, and
+    # recovering them would spend the budget on units that change nothing. Where the core
+    # attention is not switchable, the alarm names the layer's attention linears.
     "attention": Family(_attention, {"H_D2_mean": -1, "H_dWq": -1, "H_dWk": -1},
-                        lambda layer: f"layers.{layer}.self_attention."),
+                        lambda layer: (f"layers.{layer}.self_attention.core_attention",
+                                       f"layers.{layer}.self_attention.")),
     # Routing collapses: entropy falls, router rows align, load concentrates (SPEC 7.2).
     # A balancing bias that runs away (DeepSeek routers) is balancing losing to the router.
     "router": Family(_router, {"entropy_mean": -1, "weight_similarity": +1,
                                "load_max_over_mean": +1, "expert_bias_spread": +1},
-                     lambda layer: f"layers.{layer}.mlp.", needs_experts=True),
+                     lambda layer: (f"layers.{layer}.mlp.",), needs_experts=True),
 }
 
 

@@ -16,7 +16,10 @@ from megatron_gnmr.monitors.families import FAMILIES, parse_families
 
 
 class MonitorSuite:
-    def __init__(self, config, model_chunks):
+    def __init__(self, config, model_chunks, unit_names: list[str] = ()):
+        """`unit_names`: every unit of the model (eligible or not), to say which an alarm
+        names (`Family.unit_prefixes`)."""
+        self.unit_names = list(unit_names)
         self.interval = config.monitor_interval
         self.monitors = {name: FAMILIES[name].monitor(model_chunks, config)
                          for name in parse_families(config.monitors)}
@@ -63,8 +66,14 @@ class MonitorSuite:
         for key, detector in self.alarms.signals.items():
             family, layer = key.split("/")[:2]
             if detector.rule.firing and layer.startswith("layer"):
-                out.add(FAMILIES[family].unit_prefix(int(layer.removeprefix("layer"))))
+                out.add(self._named(FAMILIES[family].unit_prefixes(
+                    int(layer.removeprefix("layer")))))
         return frozenset(out)
+
+    def _named(self, prefixes: tuple[str, ...]) -> str:
+        """The first prefix some unit of the model has (else the broadest, the last)."""
+        return next((prefix for prefix in prefixes
+                     if any(name.startswith(prefix) for name in self.unit_names)), prefixes[-1])
 
     def state_dict(self) -> dict:
         return {"alarms": self.alarms.state_dict(),

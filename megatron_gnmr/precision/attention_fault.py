@@ -1,4 +1,6 @@
-"""A low-precision attention fault to study (SPEC 8.4; Qiu & Yao, arXiv 2510.04212).
+"""The core attention as a unit: low-precision attention on the low-cost path, exact attention
+on the recovery path, and a low-precision attention fault to study (SPEC 8.4; Qiu & Yao,
+arXiv 2510.04212).
 
 Flash attention's backward computes delta = rowsum(dO * O) and dS = P * (dP - delta). When O
 is held in low precision and rounded with a bias (rows with repeated maxima round the same
@@ -8,16 +10,39 @@ calibration's size; the fault here rounds O to `bits` mantissa bits toward -inf 
 error size, is what matters: the calibration's unbiased 1-bit rounding never diverged).
 
 `EmulatedFlashAttention` replaces megatron's core attention through the layer spec: an
-explicit FA-style backward (checked against autograd in float64), with the fault off by
-default and switched on from `--attention-fault-start` when `--attention-fault-bits` > 0.
+explicit FA-style backward (checked against autograd in float64). Each layer's core attention
+is then a unit (`layers.N.self_attention.core_attention`) whose path is asked of the run's
+`AttentionRuntime` every forward:
+- low-cost path: FP8 attention as Transformer Engine's FP8 DPA holds its operands
+  (`--attention-precision fp8`: Q, K, V and P in E4M3, dO in E5M2, per-tensor current
+  scaling, amax reduced over the TP group), plus the fault from `--attention-fault-start`
+  when `--attention-fault-bits` > 0;
+- recovery path: exact attention (no quantization, no fault), bitwise the unswitched module.
+
+The unit has no weights. What stands for its gradient norm is the norm of the gradients it
+hands back to Q, K and V (the qkv projection's output gradient, where the fault's bias
+enters), summed over the step's micro-batches on the device (`AttentionGradSums`) and
+all-reduced with the parameter norms (`controller/grad_stats.py`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from megatron_gnmr.precision.scaling import QuantSpec, quantize
+
+ATTENTION_PRECISIONS = ("exact", "fp8")
+FP8_FORWARD = QuantSpec("e4m3")  # Q, K, V, P
+FP8_GRADIENT = QuantSpec("e5m2")  # dO
+
+
+def switchable_attention(config) -> bool:
+    """Whether a run's core attention has a low-cost path (and so is a unit of each layer)."""
+    return config.precision.attention_precision != "exact" or \
+        config.training.attention_fault_bits > 0
 
 
 def round_toward_negative(x: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
@@ -37,52 +62,158 @@ class FaultSchedule:
         return self.bits > 0 and self.step >= self.start_step
 
 
+@dataclass(frozen=True)
+class AttentionPath:
+    """How one core attention runs: its operands' quantization and the fault's bits."""
+
+    fp8: bool = False
+    fault_bits: int = 0
+
+    @property
+    def is_exact(self) -> bool:
+        return not self.fp8 and not self.fault_bits
+
+
+EXACT_ATTENTION = AttentionPath()
+
+
+def _maybe_quantize(x: torch.Tensor, spec: QuantSpec | None, group) -> torch.Tensor:
+    return quantize(x, spec, group) if spec is not None else x
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """Causal softmax attention on [batch, heads, seq, d_head] with flash attention's
-    backward formulas; `fault_bits` > 0 biases the rounding of O inside delta."""
+    backward formulas. `fp8`: Q, K, V, P in E4M3 and dO in E5M2 (per-tensor current scaling,
+    amaxes reduced over `group`), the GEMMs on those operands as an FP8 kernel runs them;
+    `fault_bits` > 0 biases the rounding of O inside delta."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, fault_bits: int):
+    def forward(ctx, q, k, v, scale: float, fault_bits: int, fp8: bool = False, group=None):
+        forward_spec = FP8_FORWARD if fp8 else None
+        q, k, v = (_maybe_quantize(t, forward_spec, group) for t in (q, k, v))
         scores = torch.matmul(q, k.transpose(-1, -2)) * scale
         seq = q.shape[-2]
         causal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
         softmax_dtype = torch.promote_types(q.dtype, torch.float32)  # bf16 -> fp32 softmax
         probabilities = torch.softmax(scores.masked_fill(causal, float("-inf")).to(softmax_dtype),
                                       dim=-1).to(q.dtype)
-        out = torch.matmul(probabilities, v)
-        ctx.save_for_backward(q, k, v, probabilities, out)
-        ctx.scale, ctx.fault_bits = scale, fault_bits
+        held_p = _maybe_quantize(probabilities, forward_spec, group)  # P as the PV GEMM reads it
+        out = torch.matmul(held_p, v)
+        ctx.save_for_backward(q, k, v, probabilities, held_p, out)
+        ctx.scale, ctx.fault_bits, ctx.fp8, ctx.group = scale, fault_bits, fp8, group
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, probabilities, out = ctx.saved_tensors
-        grad_v = torch.matmul(probabilities.transpose(-1, -2), grad_out)
+        q, k, v, probabilities, held_p, out = ctx.saved_tensors
+        grad_out = _maybe_quantize(grad_out, FP8_GRADIENT if ctx.fp8 else None, ctx.group)
+        grad_v = torch.matmul(held_p.transpose(-1, -2), grad_out)
         grad_p = torch.matmul(grad_out, v.transpose(-1, -2))
         held = round_toward_negative(out, ctx.fault_bits) if ctx.fault_bits else out
         delta = (grad_out * held).sum(dim=-1, keepdim=True)
         grad_s = probabilities * (grad_p - delta)
         grad_q = torch.matmul(grad_s, k) * ctx.scale
         grad_k = torch.matmul(grad_s.transpose(-1, -2), q) * ctx.scale
-        return grad_q, grad_k, grad_v, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None
+
+
+class AttentionGradSums:
+    """Per core-attention unit, the squared norm of the gradients it hands back to Q, K and V,
+    summed over the step's micro-batches on the device (no host sync in the backward);
+    `take` reads and clears them once per step."""
+
+    def __init__(self, unit_names: list[str], eligible: list[str], device=None):
+        """`unit_names`: every unit of the controller (the sums' slots); `eligible`: the core
+        attentions among them."""
+        self.index = {name: i for i, name in enumerate(unit_names) if name in eligible}
+        self.sums = torch.zeros(len(unit_names), dtype=torch.float64, device=device)
+
+    def hook(self, unit_name: str):
+        """A tensor hook adding its gradient's squared norm to the unit's sum, or None when
+        the unit is not eligible."""
+        index = self.index.get(unit_name)
+        if index is None:
+            return None
+
+        def add(grad: torch.Tensor) -> None:
+            self.sums[index] += grad.double().square().sum()
+
+        return add
+
+    def take(self) -> torch.Tensor:
+        sums = self.sums.clone()
+        self.sums.zero_()
+        return sums
+
+
+@dataclass
+class AttentionRuntime:
+    """Answers a core attention's question 'which path this step?' from the plan (the units
+    the controller or a static rule keeps exact) and the low path's settings."""
+
+    plan: object  # precision.plan.PrecisionPlan
+    fp8: bool = False
+    fault: FaultSchedule = field(default_factory=FaultSchedule)
+    grad_sums: AttentionGradSums | None = None
+
+    def path_for(self, unit_name: str | None) -> AttentionPath:
+        if unit_name is not None and self.plan.is_recovery(unit_name):
+            return EXACT_ATTENTION
+        return AttentionPath(self.fp8, self.fault.bits if self.fault.active else 0)
 
 
 class EmulatedFlashAttention(DotProductAttention):
-    """megatron's core attention interface, computed by `FlashAttentionFunction`."""
+    """megatron's core attention interface, computed by `FlashAttentionFunction` on the path
+    the run's `AttentionRuntime` gives its unit (exact without one)."""
 
-    schedule: FaultSchedule = FaultSchedule()
+    unit_name: str | None = None
+    runtime: AttentionRuntime | None = None
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
         if attention_mask is not None or packed_seq_params is not None:
             raise NotImplementedError("emulated flash attention is causal without a mask")
+        # Evaluation runs the unit's path too (the fault lives in the backward only).
+        path = self.runtime.path_for(self.unit_name) if self.runtime is not None \
+            else EXACT_ATTENTION
+        if self.training and query.requires_grad and self.runtime is not None and \
+                self.runtime.grad_sums is not None:
+            add = self.runtime.grad_sums.hook(self.unit_name)
+            if add is not None:  # what the unit hands back to the qkv projection
+                for tensor in (query, key, value):
+                    tensor.register_hook(add)
         groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
         if groups > 1:  # GQA: each query head reads its group's key/value head
             key = key.repeat_interleave(groups, dim=2)
             value = value.repeat_interleave(groups, dim=2)
         # [seq, batch, heads, d_head] -> [batch, heads, seq, d_head]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        bits = self.schedule.bits if self.schedule.active and self.training else 0
-        out = FlashAttentionFunction.apply(q, k, v, self.softmax_scale, bits)
+        group = None
+        if path.fp8 and self.config.tensor_model_parallel_size > 1:
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_tensor_model_parallel_group()  # heads are split
+        out = FlashAttentionFunction.apply(q, k, v, self.softmax_scale, path.fault_bits,
+                                           path.fp8, group)
         seq, batch = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(seq, batch, self.hidden_size_per_partition)
+
+
+def bind_attention(model_chunks, unit_modules: dict, plan, config, fault: FaultSchedule,
+                   registry=None) -> AttentionGradSums | None:
+    """Give every emulated core attention the run's `AttentionRuntime` and its unit name; with
+    the controller on, the gradient sums of the eligible ones (None if none is eligible)."""
+    from megatron_gnmr.platform.device import run_device
+
+    names = [] if registry is None else registry.names
+    eligible = [name for name in names if name.endswith(".core_attention")]
+    sums = AttentionGradSums(names, eligible, run_device()) if eligible else None
+    runtime = AttentionRuntime(plan, config.precision.attention_precision == "fp8", fault, sums)
+    for name, module in unit_modules.items():
+        if isinstance(module, EmulatedFlashAttention):
+            module.unit_name = name
+    for chunk in model_chunks:
+        for module in chunk.modules():
+            if isinstance(module, EmulatedFlashAttention):
+                module.runtime = runtime
+    return sums

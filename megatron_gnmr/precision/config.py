@@ -43,6 +43,11 @@ class PrecisionConfig:
     """nvfp4: stochastic rounding of the gradients (both the dgrad and the wgrad operand)."""
     nvfp4_hadamard: bool = True
     """nvfp4: the 16-point random Hadamard transform on the weight-gradient GEMM's inputs."""
+    attention_precision: str = "exact"
+    """The core attention's low-cost path: exact, or fp8 (Q, K, V and P in E4M3, dO in E5M2,
+    per-tensor current scaling, as FP8 attention holds them; emulated). With fp8 (or an
+    attention fault) each layer's core attention is a unit whose recovery path is exact
+    attention (precision/attention_fault.py)."""
     moe_dispatch_quant: bool = False
     """MoE (fp8-emulated, deepseek): quantize the tokens before the expert dispatch, as
     DeepSeek-V3 does (E4M3, 1x128 tiles, power-of-two scales; gradients go back unrounded,

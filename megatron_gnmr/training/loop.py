@@ -1,13 +1,14 @@
 """The training loop: megatron-core's schedules, optimizer and LR scheduler, with one step
-component between the gradient reduction and the update.
+component around the update.
 
 One step: forward/backward over the micro-batches (megatron's no-pipelining or 1F1B
 schedule; DDP reduces gradients in `finalize_model_grads`) -> `controller.after_backward`
-(the GNMR controller: per-unit statistics in one all-reduce, the decision for the next step,
-clipping with the same norm; or `PlainStep`: megatron's own norm pass and clipping) -> the
-update, only if the outcome says every gradient and the loss are finite -> LR scheduler ->
-monitors. The loop never asks whether there is a controller or monitors: their stand-ins
-answer the same calls.
+(the GNMR controller: per-unit statistics in one all-reduce, clipping with the same norm; or
+`PlainStep`: megatron's own norm pass and clipping) -> the update, only if the outcome says
+every gradient and the loss are finite -> LR scheduler -> monitors (they read the updated
+weights) -> `controller.decide` (the plan of the next step from this step's statistics and
+the alarms of this step's check, so an alarm acts within one step). The loop never asks
+whether there is a controller or monitors: their stand-ins answer the same calls.
 
 Setup runs in two kinds of phase: local work (data, model, controller, monitors), after
 which all ranks agree that every rank succeeded (`consensus.on_every_rank`), and collective
@@ -46,7 +47,11 @@ from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite, NoMonitors
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.platform.device import run_device, to_run_device
-from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention, FaultSchedule
+from megatron_gnmr.precision.attention_fault import (
+    EmulatedFlashAttention,
+    FaultSchedule,
+    bind_attention,
+)
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.precision_config_file import kept_high
 from megatron_gnmr.precision.probes import build_probes
@@ -144,7 +149,7 @@ class Trainer:
         config, t = self.config, self.config.training
         self.data = resolve_data(config.data)
         self.model = build_model(config, self.data.tokenizer.vocab_size)
-        shape = UnitShape.of(config.model)
+        shape = UnitShape.of_run(config)
         self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
                                   and not config.gnmr.enabled,
                                   always=kept_high(config.precision, shape.names()))
@@ -152,20 +157,22 @@ class Trainer:
         registry = build_registry(self.model, shape, config.gnmr.units, lora_units(config)) \
             if config.gnmr.enabled else None
         probes = build_probes(config, registry)
-        bind_precision(units_here, config, self.plan, probes)
-        self.faults = FaultHooks(t.inject_nonfinite, units_here, from_environment=True)
+        linears = {name: m for name, m in units_here.items()
+                   if not isinstance(m, EmulatedFlashAttention)}
+        bind_precision(linears, config, self.plan, probes)
+        self.faults = FaultHooks(t.inject_nonfinite, linears, from_environment=True)
         self.attention_fault = FaultSchedule(t.attention_fault_bits, t.attention_fault_start)
-        for module in (m for chunk in self.model for m in chunk.modules()):
-            if isinstance(module, EmulatedFlashAttention):
-                module.schedule = self.attention_fault
+        attention_sums = bind_attention(self.model, units_here, self.plan, config,
+                                        self.attention_fault, registry)
         self.controller = Controller(
             config.gnmr, registry, self.model, self.plan,
             expert_parallel=bool(config.model.num_experts), probes=probes, seed=t.seed,
             clip_grad=t.clip_grad, faults=self.faults,
             sharded_gradients=config.parallel.use_distributed_optimizer,
+            attention_sums=attention_sums,
         ) if config.gnmr.enabled else PlainStep()
-        self.monitors = MonitorSuite(config.monitor, self.model) if config.monitor.monitors \
-            else NoMonitors()
+        self.monitors = MonitorSuite(config.monitor, self.model, shape.names()) \
+            if config.monitor.monitors else NoMonitors()
 
     def _log_timeline_image(self, step: int) -> None:
         interval = self.config.logging.image_interval
@@ -202,8 +209,7 @@ class Trainer:
         losses = self._forward_backward(self.train_reader.step_batches(step), False)
         self.faults.corrupt_gradients(step + 1)
         loss = _reduce_loss(losses)
-        outcome = self.controller.after_backward(step + 1, self.optimizer, loss,
-                                                 self.monitors.alarmed())
+        outcome = self.controller.after_backward(step + 1, self.optimizer, loss)
         applied = outcome.apply and self.optimizer.step_with_ready_grads()
         if applied:  # as megatron: a skipped update does not advance the LR schedule
             self.scheduler.step(increment=1)
@@ -212,7 +218,7 @@ class Trainer:
             self._nonfinite(step + 1, outcome.nonfinite)
         else:
             self.state.nonfinite_streak = 0
-        return {"train/loss": loss, "train/grad_norm": outcome.grad_norm, **outcome.metrics,
+        return {"train/loss": loss, "train/grad_norm": outcome.grad_norm,
                 "train/skipped": int(not applied)}
 
     def _nonfinite(self, step: int, names: tuple[str, ...]) -> None:
@@ -294,15 +300,23 @@ class Trainer:
                             "train/tokens_per_s": tokens_per_step / elapsed,
                             "train/ppl": math.exp(min(metrics["train/loss"], 50.0))})
             self.state.last_loss = metrics["train/loss"]
+            # The monitors check the updated weights, then the controller decides step + 1's
+            # plan, so an alarm raised at this check already acts on the next step.
+            self._run_monitors(step)
+            metrics.update(self.controller.decide(step, self.monitors.alarmed()))
             if step % t.log_interval == 0 or step == t.train_iters:
                 self.logger.log(step, metrics)
             self._log_timeline_image(step)
-            self._run_monitors(step)
             if step % t.eval_interval == 0 or step == t.train_iters:
                 result = self.evaluate()
                 summary["final_valid_loss"] = result["valid/loss"]
                 self.logger.log(step, result)
             should_exit = t.exit_interval and step % t.exit_interval == 0
+            if self.state.divergence.observe(step, metrics["train/loss"]) and \
+                    t.stop_on_divergence:
+                self.logger.event(step, "diverged", {"stopping": True})
+                summary["diverged_at"] = step
+                should_exit = True
             if self.run_dir and ((t.save_interval and step % t.save_interval == 0)
                                  or step == t.train_iters or should_exit):
                 self.checkpoints.save(step)

@@ -22,7 +22,7 @@ class PlainStep:
     unit_names: list[str] = []
     policy = None
 
-    def after_backward(self, step: int, optimizer, loss: float, alarmed) -> StepOutcome:
+    def after_backward(self, step: int, optimizer, loss: float) -> StepOutcome:
         """megatron's `step()` up to the update (`MegatronOptimizer.step` and
         `ChainedOptimizer.step` alike): prepare, one norm, clip every part by it."""
         found_inf = optimizer.prepare_grads()
@@ -35,6 +35,9 @@ class PlainStep:
                 if parameters and part.config.clip_grad > 0:
                     clip_grad_by_total_norm_fp32(parameters, part.config.clip_grad, norm)
         return StepOutcome(norm, not nonfinite, nonfinite)
+
+    def decide(self, step: int, alarmed) -> dict:
+        return {}
 
     def open_trace(self, run_dir: str, resume_step: int) -> None:
         pass

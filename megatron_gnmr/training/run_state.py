@@ -6,7 +6,9 @@ The data position is the step itself: step `s` reads global samples
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+from megatron_gnmr.training.divergence import DivergenceRule
 
 
 @dataclass
@@ -14,6 +16,7 @@ class RunState:
     step: int = 0  # optimizer steps completed
     last_loss: float = float("nan")
     nonfinite_streak: int = 0  # consecutive steps skipped for non-finite gradients
+    divergence: DivergenceRule = field(default_factory=DivergenceRule)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -22,3 +25,4 @@ class RunState:
         self.step = state["step"]
         self.last_loss = state["last_loss"]
         self.nonfinite_streak = state["nonfinite_streak"]
+        self.divergence = DivergenceRule(**state.get("divergence", {}))  # older: none

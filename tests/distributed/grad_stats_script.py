@@ -98,9 +98,10 @@ def main(argv):
 
     controller_calls, step_calls = [], []
     outcome = counted(controller_calls, lambda: trainer.controller.after_backward(
-        1, trainer.optimizer, loss=1.0, alarmed=frozenset()))
+        1, trainer.optimizer, loss=1.0))
     applied = counted(step_calls,
                       lambda: outcome.apply and trainer.optimizer.step_with_ready_grads())
+    counted(controller_calls, lambda: trainer.controller.decide(1, frozenset()))
 
     if torch.distributed.get_rank() == 0:
         # After the first decision the policy's running sums are exactly this step's norms.

@@ -1,6 +1,15 @@
 """`monitor`: while a mechanism monitor's alarm is firing, the units it names are risky (an
-attention alarm of layer l: that layer's attention units; a router alarm: its MLP/expert
-units; `monitors/families.py` says which)."""
+attention alarm of layer l: that layer's core attention where it is a unit, else its
+attention linears; a router alarm: its MLP/expert units; `monitors/families.py` says which),
+and for `--gnmr-monitor-hold` decisions after it clears (-1, the default: for the rest of
+the run).
+
+Why hold by default: the mechanisms the monitors watch are properties of the low-cost path
+(a biased rounding, a routing feedback), not transients. Recovery removes the cause, the
+update spectrum heals and the alarm clears; a unit sent back then meets the same bias, and
+the detector needs tens of checks to see it again (the trend model's window), which the
+damage does not wait for. A run that wants the unit back sets a finite hold.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +24,28 @@ class MonitorSignal(RiskSignal):
     name = "monitor"
     observes = ("alarmed",)
 
+    def __init__(self, unit_names: list[str], settings: dict):
+        super().__init__(unit_names, settings)
+        self.hold = int(settings.get("monitor_hold", 0))  # traces before the hold: 0
+        self.remaining: dict[str, int] = {}
+        """Prefix -> decisions it stays named after its alarm cleared (-1: always)."""
+
     def scores(self, observations: Observations) -> np.ndarray:
-        prefixes = tuple(observations.alarmed)
+        for prefix in observations.alarmed:
+            self.remaining[prefix] = self.hold
+        for prefix, left in list(self.remaining.items()):
+            if prefix in observations.alarmed:
+                continue
+            if left == 0:
+                del self.remaining[prefix]
+            elif left > 0:
+                self.remaining[prefix] = left - 1
+        prefixes = tuple(self.remaining)
         return np.array([SCORE if prefixes and name.startswith(prefixes) else 0.0
                          for name in self.unit_names])
+
+    def state_dict(self) -> dict:
+        return {"remaining": dict(self.remaining)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.remaining = dict(state.get("remaining", {}))
