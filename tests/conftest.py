@@ -18,6 +18,12 @@ SLOW_TESTS = {"test_bad_input_exits_2_with_one_line"}
 
 
 def pytest_configure(config):
+    import os
+    import uuid
+
+    from tests.float8_budget import RUN_ID
+
+    os.environ.setdefault(RUN_ID, uuid.uuid4().hex)  # one float8 measurement per test run
     for pattern in (r"ignore:.*(Apex|Transformer Engine and Apex) (is|are) not installed",
                     r"ignore:full scope is deprecated",
                     r"ignore::DeprecationWarning"):  # megatron/torch deprecations, not ours
@@ -37,6 +43,11 @@ def pytest_terminal_summary(terminalreporter):
     """Whether tests/gpu could run on this machine (printed in -q mode too)."""
     from megatron_gnmr.platform import capabilities
 
+    from tests.float8_budget import float8_speed
+
+    terminalreporter.section("float8 GEMMs")
+    terminalreporter.write_line(f"{float8_speed().describe()} on this machine; the fp8-torchao "
+                                "tests size their training steps by it")
     terminalreporter.section("GPU tests")
     for name, capability in capabilities.report():
         state = "available" if capability else "not available, its tests skip"

@@ -15,6 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
+# The limit of any process a test launches: not a performance bound, only what ends a hung
+# launch. The longest launch measured takes about 1-2 minutes on a quiet 2-core machine (the
+# TP=2 batch of tests/distributed/test_precision_tp.py); a slow CPU or a busy machine doubles
+# that or more, and CI allows 90 minutes for everything, so 30 minutes is > 10x the
+# measurement and still ends a hang well within CI's limit.
+LAUNCH_TIMEOUT_S = 1800
+
 # A model small enough that a 2-process launch takes seconds; the data is the prepared
 # Shakespeare corpus in the repository's cache (run_tests.sh prepares it).
 TINY = [
@@ -26,7 +33,8 @@ TINY = [
 ]
 
 
-def run_pretrain(args: list[str], nproc: int = 1, check: bool = True, timeout: int = 300,
+def run_pretrain(args: list[str], nproc: int = 1, check: bool = True,
+                 timeout: int = LAUNCH_TIMEOUT_S,
                  extra_env: dict | None = None, torchrun_args: list[str] = (),
                  new_process: bool = False) -> subprocess.CompletedProcess:
     """Run the entry point: in this process when it is one rank with nothing special about
@@ -74,7 +82,7 @@ def trace_records(run_dir: Path) -> list[dict]:
     return [r for r in read_jsonl(run_dir / "gnmr_trace.jsonl") if r.get("type") != "header"]
 
 
-def run_batch(runs: list[list[str]], nproc: int = 1, timeout: int = 600) -> None:
+def run_batch(runs: list[list[str]], nproc: int = 1, timeout: int = LAUNCH_TIMEOUT_S) -> None:
     """Train several configs in one launch (tests/distributed/batch_runner.py)."""
     import tempfile
 

@@ -16,7 +16,7 @@ import pytest
 from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.validation import validate
-from tests.helpers import REPO, TINY, pretrain_in_process, run_pretrain
+from tests.helpers import LAUNCH_TIMEOUT_S, REPO, TINY, pretrain_in_process, run_pretrain
 
 DATA = REPO / ".cache" / "megatron_gnmr" / "shakespeare-v4096"
 NO_SAVE = "<no --save>"
@@ -330,7 +330,7 @@ def test_bad_input_exits_2_with_one_line(files, tmp_path, name):
     args, needle = END_TO_END[name]
     save = tmp_path / "save"
     start = time.perf_counter()
-    result = run_pretrain(_arguments(args, files, save), check=False, timeout=120,
+    result = run_pretrain(_arguments(args, files, save), check=False, timeout=LAUNCH_TIMEOUT_S,
                           new_process=True)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2, result.stderr[-2000:]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from megatron_gnmr.platform import capabilities
+from tests.helpers import LAUNCH_TIMEOUT_S
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only patches")
 
@@ -41,7 +42,7 @@ UNPATCHED_PROBE = textwrap.dedent("""
 
 def test_each_patched_call_site_fails_without_the_patch():
     out = subprocess.run([sys.executable, "-c", UNPATCHED_PROBE], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=LAUNCH_TIMEOUT_S)
     results = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(status != "works" for status in results.values()), results
 
@@ -102,7 +103,7 @@ PATCHED_PROBE = textwrap.dedent("""
 
 def test_each_patch_works_in_a_process_of_its_own():
     out = subprocess.run([sys.executable, "-c", PATCHED_PROBE], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=LAUNCH_TIMEOUT_S)
     assert out.returncode == 0, out.stderr[-3000:]
     checks = json.loads(out.stdout.strip().splitlines()[-1])
     assert checks and all(value is True for value in checks.values()), checks

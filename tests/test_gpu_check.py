@@ -5,14 +5,14 @@ equal their high-precision layer bitwise, and the table says what it could not r
 import subprocess
 import sys
 
-from tests.helpers import REPO
+from tests.helpers import LAUNCH_TIMEOUT_S, REPO
 
 
 def test_gpu_check_smoke_runs_every_available_backend(tmp_path):
     out = tmp_path / "gpu_check.md"
     result = subprocess.run([sys.executable, "-m", "megatron_gnmr.experiments.gpu_check",
                              "--smoke", "--out", str(out)], cwd=REPO, capture_output=True,
-                            text=True, timeout=300, env={"OMP_NUM_THREADS": "1",
+                            text=True, timeout=LAUNCH_TIMEOUT_S, env={"OMP_NUM_THREADS": "1",
                                                          "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     table = out.read_text()

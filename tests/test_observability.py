@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, TINY, run_pretrain
+from tests.helpers import LAUNCH_TIMEOUT_S, REPO, TINY, run_pretrain
 from tests.wandb_offline_reader import read_offline_run
 
 GNMR = ["--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--gnmr-alpha", "1.2",
@@ -85,7 +85,7 @@ def test_report_of_two_runs_has_every_panel(logged_run, tmp_path):
     out = tmp_path / "report.png"
     cli = subprocess.run([sys.executable, "-m", "megatron_gnmr.cli", "report", str(run_dir),
                           str(static), "--out", str(out)], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=LAUNCH_TIMEOUT_S)
     assert cli.returncode == 0, cli.stderr
     image = imread(out)
     assert image.shape[0] > 1000 and image.shape[1] > 1000

@@ -6,7 +6,7 @@ import sys
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.replay import replay
 from megatron_gnmr.controller.trace import read_trace
-from tests.helpers import REPO, TINY, run_pretrain, trace_records
+from tests.helpers import LAUNCH_TIMEOUT_S, REPO, TINY, run_pretrain, trace_records
 
 STEPS = 30
 LIVE = {"alpha": 1.3, "beta": 1.1, "delta": 3, "max_o": 2, "t_lock": 2, "warmup": 4}
@@ -27,7 +27,8 @@ def test_replay_reproduces_the_live_run_and_sweeps(tmp_path):
 
     cli = subprocess.run(
         [sys.executable, "-m", "megatron_gnmr.cli", "replay", str(tmp_path / "gnmr_trace.jsonl"),
-         "--gnmr-max-o", "1", "2", "3"], cwd=REPO, capture_output=True, text=True, timeout=60)
+         "--gnmr-max-o", "1", "2", "3"], cwd=REPO, capture_output=True, text=True,
+        timeout=LAUNCH_TIMEOUT_S)
     assert cli.returncode == 0, cli.stderr
     lines = [line for line in cli.stdout.splitlines() if "recovery sparsity" in line]
     assert len(lines) == 3

@@ -31,6 +31,8 @@ class Backend:
     """The precision probes can measure its low path (`--gnmr-signals qerr`)."""
     experts: bool = False
     """It may run MoE models."""
+    start_note: Callable | None = None
+    """(RunConfig, world_size) -> a line for the user at the start of a run, or None."""
 
 
 def _te_spec(num_experts):
@@ -58,6 +60,24 @@ def _torchao_validate(config):
                         + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
+def _torchao_start_note(config, world_size: int) -> str | None:
+    """On a CPU, what torch's float8 GEMMs will cost (measured here, a fraction of a second):
+    on some CPUs they are a reference kernel, hundreds of times slower than float32."""
+    from megatron_gnmr.platform.device import has_accelerator
+
+    if has_accelerator():
+        return None
+    from megatron_gnmr.precision.float8_speed import measure
+    from megatron_gnmr.precision.gemm_shapes import step_macs
+
+    speed = measure()
+    seconds = step_macs(config, world_size) / speed.float8_macs_per_s
+    return (f"fp8-torchao on this CPU: {speed.describe()}; this model's unit GEMMs alone will "
+            f"take about {seconds:,.1f} s per step. --precision-recipe fp8-emulated computes "
+            "tensorwise FP8's numerics (the same E4M3/E5M2 operands, float32 GEMMs) at about "
+            "float32 speed")
+
+
 BACKENDS = {
     "none": Backend(recipe=None, probes=False, experts=True),
     "fp8-emulated": Backend(recipes.fp8_emulated, experts=True),
@@ -65,7 +85,8 @@ BACKENDS = {
     "nvfp4": Backend(recipes.nvfp4, experts=True),
     "act-quant": Backend(recipes.act_quant, experts=True),
     "w8a8": Backend(recipes.w8a8, experts=True),
-    "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate),
+    "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate,
+                           start_note=_torchao_start_note),
     # Our --fp8-format / --fp8-recipe values are megatron's own.
     "te-fp8": Backend(recipe=None, layer_spec=_te_spec, validate=_te_validate,
                       megatron_fields=lambda p: {"fp8": p.fp8_format, "fp8_recipe": p.fp8_recipe},

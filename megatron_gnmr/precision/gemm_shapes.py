@@ -69,3 +69,16 @@ def shape_problems(gemms: list[UnitGemm], tokens_multiple: int, features_multipl
             if value is not None and value % multiple:
                 problems.append(f"{gemm.unit}: {name} = {value} is not a multiple of {multiple}")
     return problems
+
+
+def step_macs(config, world_size: int) -> int:
+    """Multiply-accumulates of one optimizer step's unit GEMMs on one rank (forward, dgrad
+    and wgrad; dense models: expert token counts vary), for a cost estimate."""
+    data_parallel = world_size // (config.parallel.tensor_model_parallel_size
+                                   * config.parallel.pipeline_model_parallel_size)
+    t = config.training
+    micro_batches = t.global_batch_size // (t.micro_batch_size * max(data_parallel, 1))
+    layers = config.model.num_layers // config.parallel.pipeline_model_parallel_size
+    per_micro_batch = sum(3 * g.tokens * g.in_features * g.out_features
+                          for g in unit_gemms(config) if g.tokens is not None)
+    return per_micro_batch * layers * micro_batches

@@ -47,6 +47,7 @@ from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite, NoMonitors
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.platform.device import run_device, to_run_device
+from megatron_gnmr.precision.backends import backend as precision_backend
 from megatron_gnmr.precision.attention_fault import (
     EmulatedFlashAttention,
     FaultSchedule,
@@ -339,6 +340,10 @@ class Trainer:
             self.logger.event(step, "alarm", alarm)
 
     def _announce(self) -> None:
+        note = precision_backend(self.config.precision).start_note
+        message = note(self.config, torch.distributed.get_world_size()) if note else None
+        if message:
+            self.logger.event(self.state.step, "notice", {"precision": message})
         memory = estimate_memory(self.config, torch.distributed.get_world_size())
         self.logger.event(self.state.step, "memory_estimate", {
             "layout": memory.note, **{f"{name}_GiB": round(getattr(memory, name) / GIB, 2)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.helpers import REPO, TINY, run_batch
+from tests.helpers import LAUNCH_TIMEOUT_S, REPO, TINY, run_batch
 
 RUN = [*TINY, "--train-iters", "4", "--lr-warmup-iters", "1", "--eval-interval", "2",
        "--gnmr", "--gnmr-agreement-interval", "2", "--monitors", "attention",
@@ -65,7 +65,7 @@ def test_the_audit_flags_host_tensors_and_host_parameters(tmp_path):
     module that was never moved are each recorded; device tensors are not."""
     prefix = tmp_path / "audit"
     result = subprocess.run([sys.executable, "-c", AUDIT_CATCHES, str(prefix)], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     report = audit_reports(prefix, ranks=1)[0]
     what = [v["what"] for v in report["violations"]]

@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, TINY, TORCHRUN
+from tests.helpers import LAUNCH_TIMEOUT_S, REPO, TINY, TORCHRUN
 
 TP2 = ["--tensor-model-parallel-size", "2"]
 MOE = ["--num-experts", "4"]
@@ -36,8 +36,8 @@ def test_unit_norms_and_one_collective(layout):
                str(REPO / "tests" / "distributed" / "grad_stats_script.py"), *TINY,
                "--global-batch-size", str(4 * processes), "--train-iters", "4", *flags,
                "--gnmr", "--gnmr-agreement-interval", "0"]
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                         timeout=LAUNCH_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     # The controller's whole part of the step (statistics, decision, clipping) makes exactly

@@ -5,7 +5,7 @@ import hashlib
 import json
 import time
 
-from tests.helpers import TINY, run_pretrain
+from tests.helpers import LAUNCH_TIMEOUT_S, TINY, run_pretrain
 
 TP2 = [*TINY, "--train-iters", "4", "--lr-warmup-iters", "1", "--eval-interval", "100",
        "--tensor-model-parallel-size", "2"]
@@ -24,7 +24,7 @@ def test_an_error_on_rank_1_only_is_printed_and_both_ranks_exit(tmp_path):
     (directory / "meta.json").write_text(json.dumps(meta))
     start = time.perf_counter()
     result = run_pretrain([*TP2, "--resume", "auto", "--save", str(run)], nproc=2,
-                          check=False, timeout=120)
+                          check=False, timeout=LAUNCH_TIMEOUT_S)
     elapsed = time.perf_counter() - start
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode != 0 and elapsed < 60
