@@ -174,12 +174,14 @@ def validate_precision(config: RunConfig) -> None:
     build_recipe(precision)  # raises a UserError naming the flag
     validate_attention_precision(config)
     if precision.precision_config_file:
-        from megatron_gnmr.precision.precision_config_file import matchers
+        from megatron_gnmr.controller.units import UnitShape
+        from megatron_gnmr.precision.precision_config_file import kept_high
 
         if precision.precision_recipe == "none":
             raise UserError("--precision-config-file needs a --precision-recipe: without one "
                             "every unit already runs in the run's precision")
-        matchers(precision.precision_config_file)  # raises a UserError naming the problem
+        # the whole file as megatron reads it (raises a UserError naming the problem)
+        kept_high(precision, UnitShape.of_run(config).names())
     if precision.moe_dispatch_quant:
         from megatron_gnmr.precision.dispatch import DISPATCH_RECIPES
 

@@ -80,7 +80,7 @@ def test_written_file_is_read_back_by_both(tmp_path):
     ("matchers: [1, 2]", "mappings"),
     ("configs: {}\nmatchers:\n  m: {type: regex, pattern: x, config: a, enabled: true}",
      "glob only"),
-    ("configs: {a: {}}\nmatchers:\n  m: {type: glob, pattern: x, config: b, enabled: true}",
+    ("configs: {a: {}}\nmatchers:\n  m: {type: glob, pattern: '*', config: b, enabled: true}",
      "config"),
     ("configs: [", "not valid YAML"),
 ])
@@ -88,7 +88,133 @@ def test_bad_files_are_refused_by_name(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(UserError, match=message):
-        pcf.matchers(str(path))
+        pcf.high_precision_units(str(path), UNITS)
+
+
+TE = "transformer_engine_config_type: TEQuantizationParams"
+BF16_ONLY_OPTIONS = f"""
+configs:
+  options_only: {{{TE}, training_recipe: {{tp_only_amax_red: true}}}}
+  keep_context: {{{TE}, training_recipe: {{override_quantized_autocast: false}}}}
+  fp8: {{{TE}, training_recipe: {{fp8_quantization_recipe: blockwise}},
+         evaluation_recipe: {{}}}}
+  unused_and_broken: {{training_recipe: {{nonsense: 1}}}}
+matchers:
+  attention: {{config: options_only, type: glob, pattern: "*self_attention*", enabled: true}}
+  fc1: {{config: keep_context, type: glob, pattern: "*linear_fc1", enabled: true}}
+  rest: {{config: fp8, type: glob, pattern: "*", enabled: 1}}
+  never: {{config: unused_and_broken, type: glob, pattern: "*", enabled: false}}
+"""
+ONE_MATCHER = "configs:\n  c: {{{config}}}\nmatchers:\n  m: {{{matcher}}}\n"
+EVERY = "config: c, type: glob, pattern: '*', enabled: true"
+FILES = {  # name -> text; every kind of file megatron's format document allows or forbids
+    "hand_written": HAND_WRITTEN,
+    "options_only_is_bf16": BF16_ONLY_OPTIONS,
+    **{name: ONE_MATCHER.format(config=config, matcher=EVERY) for name, config in {
+        "bf16": f"{TE}, training_recipe: {{}}",
+        "unknown_recipe_key": f"{TE}, training_recipe: {{fp8_recipe: tensorwise}}",
+        "unknown_recipe_name": f"{TE}, training_recipe: {{fp8_quantization_recipe: fp9}}",
+        "unknown_fp4_name": f"{TE}, training_recipe: {{fp4_quantization_recipe: mxfp4}}",
+        "delayed": f"{TE}, training_recipe: {{fp8_quantization_recipe: delayed}}",
+        "fp8_and_fp4": f"{TE}, training_recipe: {{fp8_quantization_recipe: mxfp8, "
+                       "fp4_quantization_recipe: nvfp4}",
+        "custom_without_factory": f"{TE}, training_recipe: {{fp8_quantization_recipe: custom}}",
+        "bad_fp8_format": f"{TE}, training_recipe: {{fp8_quantization_recipe: tensorwise, "
+                          "fp8_format: e5m2}",
+        "no_training_recipe": TE,
+        "no_config_type": "training_recipe: {}",
+        "unknown_config_type": "transformer_engine_config_type: Kitchen, training_recipe: {}",
+        "extra_config_key": f"{TE}, training_recipe: {{}}, serving_recipe: {{}}",
+        "bad_evaluation_recipe": f"{TE}, training_recipe: {{}}, evaluation_recipe: {{x: 1}}",
+        "recipe_not_a_mapping": f"{TE}, training_recipe: fp8",
+    }.items()},
+    **{name: ONE_MATCHER.format(config=f"{TE}, training_recipe: {{}}", matcher=matcher)
+       for name, matcher in {
+           "matcher_without_type": "config: c, pattern: '*', enabled: true",
+           "matcher_regex": "config: c, type: regex, pattern: '.*', enabled: true",
+           "matcher_without_pattern": "config: c, type: glob, enabled: true",
+           "matcher_unknown_config": "config: d, type: glob, pattern: '*', enabled: true",
+           "disabled_broken_matcher": "type: regex, enabled: false",
+       }.items()},
+    "configs_not_mappings": "configs:\n  c: [1]\nmatchers:\n  m: {" + EVERY + "}\n",
+}
+
+
+def _megatron_forward_checks(recipe) -> None:
+    """What megatron's `_get_fp8_autocast_for_quant_recipe` checks at the first forward (it
+    needs Transformer Engine, absent here), transcribed from its source (0.16.1 = 0.19.2)."""
+    if recipe is None or "custom" in (recipe.fp8_quantization_recipe,
+                                      recipe.fp4_quantization_recipe):
+        return
+    if recipe.fp8_quantization_recipe is not None:
+        if recipe.fp8_format not in ("e4m3", "hybrid"):
+            raise ValueError(f"Unhandled fp8_format {recipe.fp8_format}")
+        if recipe.fp8_quantization_recipe not in ("tensorwise", "blockwise", "mxfp8"):
+            raise ValueError("Unhandled fp8 recipe")
+    elif recipe.fp4_quantization_recipe not in (None, "nvfp4"):
+        raise ValueError("Unhandled fp4 recipe")
+
+
+def megatron_reading(path, units) -> list[str] | None:
+    """megatron-core's own reader on a file: the units its modules run in BF16 inside the
+    run's FP8 autocast, or None if it refuses the file (at load, build or first forward)."""
+    from megatron.core.extensions.transformer_engine import (
+        TEQuantizationParams,
+        _get_should_context_be_quantized_params,
+    )
+    from megatron.core.quantization.quant_config import RecipeConfig
+    from megatron.core.quantization.utils import get_quant_config_or_none
+
+    try:
+        recipe = RecipeConfig.from_yaml_file(str(path))
+        kept = []
+        for unit in units:
+            matched = get_quant_config_or_none(pcf.module_path(unit), recipe)
+            params = TEQuantizationParams.parse_from_config(matched) if matched else None
+            if params is not None:
+                _megatron_forward_checks(params.training_recipe)
+                _megatron_forward_checks(params.evaluation_recipe)
+            if not _get_should_context_be_quantized_params(params, True, True):
+                kept.append(unit)
+        return kept
+    except Exception:  # noqa: BLE001 (any refusal: assert, KeyError, TypeError, ValueError)
+        return None
+
+
+def our_reading(path, units) -> list[str] | None:
+    try:
+        return pcf.high_precision_units(str(path), units)
+    except UserError as error:
+        message = str(error)
+        assert "\n" not in message and str(path) in message, message  # one line, the file
+        return None
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_our_reader_and_megatron_s_agree_on_every_file(tmp_path, name):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(FILES[name])
+    ours, theirs = our_reading(path, UNITS), megatron_reading(path, UNITS)
+    assert ours == theirs, (ours, theirs)
+
+
+def test_the_kinds_of_files_are_both_accepted_and_refused(tmp_path):
+    """The comparison above means something: both verdicts occur, and a config with options
+    but no quantization recipe is BF16 (megatron's rule), unless it keeps the context."""
+    verdicts = {}
+    for name, text in FILES.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+        verdicts[name] = megatron_reading(tmp_path / f"{name}.yaml", UNITS)
+    assert sum(v is None for v in verdicts.values()) >= 15
+    assert verdicts["options_only_is_bf16"] == [u for u in UNITS if "self_attention" in u]
+    assert verdicts["disabled_broken_matcher"] == []
+
+
+def test_a_binary_file_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(bytes(range(256)))
+    with pytest.raises(UserError, match="not a text file"):
+        pcf.high_precision_units(str(path), UNITS)
 
 
 def _trace(tmp_path, oracle_rows):
@@ -131,7 +257,7 @@ def test_a_run_keeps_the_configured_units_in_high_precision(tmp_path):
     assert losses["file_one"] != losses["low"] and losses["file_one"] != losses["static"]
     start = [json.loads(line) for line in (runs["file_one"] / "metrics.jsonl").open()
              if '"start"' in line][0]
-    assert start["kept_in_bf16"] == 1
+    assert start["kept_in_bf16"] == ["layers.1.mlp.linear_fc2"]
     assert np.isfinite(list(losses["file_one"].values())).all()
 
 

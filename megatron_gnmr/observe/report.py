@@ -190,12 +190,24 @@ def shares_line(run: RunLog) -> str:
                      for kind, (on, total) in recovery_shares(run).items())
 
 
+def kept_line(run: RunLog) -> str | None:
+    """The units the run's --precision-config-file kept in BF16 (from its start event)."""
+    start = next((r for r in run.records if r.get("event") == "start"), {})
+    kept = start.get("kept_in_bf16")
+    if not kept:
+        return None
+    names = kept if isinstance(kept, list) else [f"{kept} units"]  # older runs: a count
+    return f"kept in BF16 by the precision config: {', '.join(names)}"
+
+
 def _timeline_panel(ax, run: RunLog) -> None:
     grouped = len(run.units) > MAX_ROWS
-    ax.set_title(f"Recovery timeline: {run.name} (dark = recovery path"
-                 + ("; a row is a group of units: the share recovered)" if grouped else ")")
+    kept = kept_line(run)
+    ax.set_title(f"Recovery timeline: {run.name} (dark = recovery path; red line = monitor "
+                 "alarm" + ("; a row is a group of units: the share recovered)" if grouped
+                            else ")")
                  + (f"\nunit-steps recovered: {shares_line(run)}" if run.recovery is not None
-                    else ""))
+                    else "") + (f"\n{kept}" if kept else ""), fontsize=9)
     if run.recovery is None:
         ax.text(0.5, 0.5, "no GNMR trace (controller off)", ha="center", transform=ax.transAxes)
         ax.axis("off")
@@ -206,6 +218,11 @@ def _timeline_panel(ax, run: RunLog) -> None:
     ax.imshow(recovery.T, aspect="auto", interpolation="nearest", cmap="Greys", vmin=0, vmax=1,
               extent=(first, first + recovery.shape[0], len(labels) - 0.5, -0.5))
     _label_rows(ax, labels)
+    for alarm in (r for r in run.records if r.get("event") == "alarm"):
+        ax.axvline(alarm["step"], color="red", linestyle=":", linewidth=1)
+        ax.annotate(f"alarm {alarm.get('monitor', '')} L{alarm.get('layer', '')}",
+                    (alarm["step"], -0.5), color="red", fontsize=7, rotation=90,
+                    va="top", ha="right")
     nonfinite = [r for r in run.records if r.get("event") == "nonfinite_gradient"]
     for event in nonfinite:
         for unit in event.get("units", []):
@@ -302,5 +319,7 @@ def run(args: argparse.Namespace) -> Path:
             print(f"{one.name}: unit-steps recovered: {shares_line(one)}")
         if (line := evaluation_line(one)) is not None:
             print(line)
+        if (kept := kept_line(one)) is not None:
+            print(f"{one.name}: {kept}")
     print(f"report: {out}")
     return out

@@ -154,6 +154,7 @@ class Trainer:
         self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
                                   and not config.gnmr.enabled,
                                   always=kept_high(config.precision, shape.names()))
+        self.unit_order = shape.names()
         units_here = local_unit_modules(self.model, shape)
         registry = build_registry(self.model, shape, config.gnmr.units, lora_units(config)) \
             if config.gnmr.enabled else None
@@ -360,7 +361,8 @@ class Trainer:
             **({"trainable_on_rank0": sum(p.numel() for chunk in self.model
                                           for p in chunk.parameters() if p.requires_grad)}
                if self.config.lora.enabled else {}),
-            **({"kept_in_bf16": len(self.plan.always)} if self.plan.always else {}),
+            **({"kept_in_bf16": sorted(self.plan.always, key=self.unit_order.index)}
+               if self.plan.always else {}),
         })
         if self.run_dir and is_logging_rank():
             # What this run was, for reference-band checks and for whoever reads it later.
