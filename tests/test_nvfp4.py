@@ -19,13 +19,14 @@ from megatron_gnmr.precision.nvfp4 import (
 )
 from megatron_gnmr.precision.paths import saved_for_weight_gradient, weight_gradient
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 def nvfp4_reference(x: np.ndarray, two_d: bool) -> np.ndarray:
     """The published two-level scheme written out in float64 with ml_dtypes' casts."""
     x = x.astype(np.float64)
-    encode = 6.0 * 448.0 / np.abs(x).max()
+    encode = min(6.0 * 448.0 / np.abs(x).max(), FLOAT32_MAX)  # TE clamps to float32's max
     out = np.zeros_like(x)
     rows, cols = x.shape
     height = 16 if two_d else 1
@@ -36,7 +37,8 @@ def nvfp4_reference(x: np.ndarray, two_d: bool) -> np.ndarray:
             scale = float(np.array(min(scale, 448.0)).astype(ml_dtypes.float8_e4m3fn))
             if scale == 0:
                 continue
-            values = (block * encode / scale).astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
+            factor = min(encode / scale, FLOAT32_MAX)  # TE's per-block encode, clamped
+            values = (block * factor).astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
             out[r:r + height, c:c + 16] = values * scale / encode
     return out
 
@@ -60,6 +62,23 @@ def test_values_and_scales_match_the_float64_reference(two_d):
     # every block is an E4M3 scale times E2M1 values: at most 8 magnitudes per 1x16 block
     assert all(np.unique(np.abs(got[r, c:c + 16])).size <= 8 for r in range(64)
                for c in range(0, 96, 16))
+
+
+@pytest.mark.parametrize("amax", [1e-37, 5e-36, 2e-39, 3e38, 1.0],
+                         ids=["tiny", "below-8e-36", "subnormal", "near-max", "one"])
+def test_scales_clamp_at_the_float32_edges_as_transformer_engine_does(amax):
+    """A tensor whose largest magnitude is below ~8e-36 overflows the global encode scale;
+    clamped to the float32 maximum it keeps its values (a subnormal amax loses them in TE's
+    scheme too: the block factor saturates). Against the float64 reference."""
+    x = _tensor(32, 32)
+    x = x / x.abs().max() * amax
+    got = quantize_nvfp4(x).double().numpy()
+    reference = nvfp4_reference(x.numpy(), two_d=False)
+    assert np.isfinite(got).all()
+    # float32 subnormals carry fewer bits: one quantum of float32's subnormal grid apart
+    np.testing.assert_allclose(got, reference, rtol=2 ** -20, atol=2.0 ** -149)
+    if amax >= 1e-37:  # normal amax: the values are kept, not flushed to zero
+        assert np.abs(got).max() > 0.5 * amax
 
 
 def test_blocks_pad_and_keep_shape():

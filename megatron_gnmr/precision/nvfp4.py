@@ -29,6 +29,9 @@ BLOCK = 16
 E2M1_MAX, E4M3_MAX = E2M1.max_value, E4M3.max_value  # 6, 448
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
 def quantize_nvfp4(x: torch.Tensor, two_d: bool = False, stochastic: bool = False,
                    generator: torch.Generator | None = None,
                    tensor_amax: torch.Tensor | None = None) -> torch.Tensor:
@@ -50,11 +53,15 @@ def quantize_nvfp4(x: torch.Tensor, two_d: bool = False, stochastic: bool = Fals
         block_amax = blocks.abs().amax(dim=-1, keepdim=True)
     if tensor_amax is None:
         tensor_amax = matrix.abs().amax()
-    encode = torch.where(tensor_amax > 0, (E2M1_MAX * E4M3_MAX) / tensor_amax,
-                         torch.ones_like(tensor_amax))
+    # Transformer Engine's global encode scale: clamped to the float32 maximum (an amax below
+    # ~8e-36 would overflow it to infinity and zero the tensor), 1 for an all-zero tensor.
+    encode = torch.clamp((E2M1_MAX * E4M3_MAX) / tensor_amax, max=FLOAT32_MAX)
+    encode = torch.where((tensor_amax > 0) & (encode > 0), encode, torch.ones_like(encode))
     block_scale = round_to_format_(block_amax / E2M1_MAX * encode, E4M3, saturate=True)
     safe = torch.where(block_scale > 0, block_scale, torch.ones_like(block_scale))
-    scaled = blocks * (encode / safe)
+    # the per-block encode factor, clamped as TE clamps it (a huge global scale over a small
+    # block scale overflows)
+    scaled = blocks * torch.clamp(encode / safe, max=FLOAT32_MAX)
     if stochastic:
         rounded = stochastic_round(scaled, E2M1, generator)
     else:
