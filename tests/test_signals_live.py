@@ -49,9 +49,24 @@ def test_qerr_sums_agree_between_one_and_two_data_parallel_ranks(tmp_path):
         [list(d) for d in one.recovery[:3]]
 
 
+def test_probes_are_silent_during_evaluation(tmp_path):
+    """Two runs that differ only in how often they evaluate trace the same qerr: the
+    evaluation's forward passes (and the initial validation before step 1) do not enter the
+    probes' sums of the next training step."""
+    flags = [*SIGNAL_RUN, "--train-iters", "6", "--gnmr-signals", "gnmr", "--gnmr-measure",
+             "qerr"]
+    run_pretrain([*flags, "--eval-interval", "1", "--save", str(tmp_path / "often")])
+    run_pretrain([*flags, "--eval-interval", "100", "--save", str(tmp_path / "rarely")])
+    often, rarely = (read_trace(str(tmp_path / d / "gnmr_trace.jsonl"))
+                     for d in ("often", "rarely"))
+    assert np.array_equal(often.norms, rarely.norms)  # the same training
+    assert np.array_equal(often.signals["qerr"], rarely.signals["qerr"])
+
+
 def test_monitor_alarms_make_their_layer_risky(tmp_path):
-    """An attention alarm of layer l at step s makes layer l's attention units risky for
-    the decision of step s + 1 (the monitors run after the controller within a step)."""
+    """An attention alarm of layer l at step s makes layer l's attention units risky in the
+    decision of step s itself (the plan of step s + 1: the monitors check before the
+    controller decides)."""
     run_pretrain([*TINY, "--train-iters", "30", "--eval-interval", "100", "--monitors",
                   "attention", "--monitor-interval", "1", "--monitor-delta", "1",
                   "--monitor-patience", "2", "--monitor-band", "0.5", "--monitor-trend-window",
@@ -61,7 +76,7 @@ def test_monitor_alarms_make_their_layer_risky(tmp_path):
     alarms = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("event") == "alarm"]
     assert alarms
     first = alarms[0]
-    row = trace.steps.index(first["step"] + 1)
+    row = trace.steps.index(first["step"])
     layer_units = [i for i, name in enumerate(trace.units)
                    if name.startswith(f"layers.{first['layer']}.self_attention.")]
     assert f"layers.{first['layer']}.self_attention." in trace.alarmed[row]

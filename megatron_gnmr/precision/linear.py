@@ -24,7 +24,10 @@ class _PathRoutedLinear:
     def _forward_impl(self, input, weight, *args, **kwargs):
         runtime = self.precision_runtime
         path = runtime.path_for(self.unit_name) if runtime is not None else None
-        probe = runtime.probe_for(self.unit_name) if runtime is not None else None
+        # Probes measure training steps only: an evaluation's forward passes must not enter
+        # the next step's sums.
+        probe = runtime.probe_for(self.unit_name) if runtime is not None and self.training \
+            else None
         if path is None or (path.is_exact and probe is None):
             return super()._forward_impl(input, weight, *args, **kwargs)
         allreduce_dgrad = bool(kwargs.get("allreduce_dgrad"))
