@@ -26,19 +26,25 @@ from megatron_gnmr.observe.config import LoggingConfig
 from megatron_gnmr.precision.config import PrecisionConfig
 
 
+# Upper bounds on a model's shape: ~30x the largest published models (Llama 3.1 405B: 126
+# layers, hidden 16384, FFN 53248, 128 heads, 128k context; DeepSeek-V3: 256 experts). Beyond
+# them a value is a typo, and a memory estimate or a build would answer it with nonsense.
+MAX_LAYERS, MAX_WIDTH, MAX_HEADS, MAX_SEQUENCE, MAX_EXPERTS = 4096, 1 << 20, 8192, 1 << 22, 1 << 14
+
+
 @dataclass
 class ModelConfig:
-    num_layers: int = limit(2, ge=1)
+    num_layers: int = limit(2, ge=1, le=MAX_LAYERS)
     """Decoder layers."""
-    hidden_size: int = limit(128, ge=1)
+    hidden_size: int = limit(128, ge=1, le=MAX_WIDTH)
     """Model width d_model."""
-    ffn_hidden_size: int = limit(352, ge=1)
+    ffn_hidden_size: int = limit(352, ge=1, le=MAX_WIDTH)
     """SwiGLU inner width (LLaMA uses ~8/3 * hidden, rounded)."""
-    num_attention_heads: int = limit(4, ge=1)
+    num_attention_heads: int = limit(4, ge=1, le=MAX_HEADS)
     """Query heads."""
-    num_query_groups: Optional[int] = limit(None, ge=1)
+    num_query_groups: Optional[int] = limit(None, ge=1, le=MAX_HEADS)
     """Key/value heads for grouped-query attention (None: one per query head)."""
-    seq_length: int = limit(128, ge=1)
+    seq_length: int = limit(128, ge=1, le=MAX_SEQUENCE)
     """Training sequence length in tokens."""
     rotary_base: int = limit(10000, gt=0)
     """RoPE base."""
@@ -46,19 +52,19 @@ class ModelConfig:
     """Std of the normal weight initialisation."""
     norm_epsilon: float = limit(1e-5, gt=0)
     """RMSNorm epsilon."""
-    num_experts: Optional[int] = limit(None, ge=2)
+    num_experts: Optional[int] = limit(None, ge=2, le=MAX_EXPERTS)
     """MoE: experts per layer (megatron-core MoE layers, local experts); None: dense SwiGLU."""
     moe_router_topk: int = limit(2, ge=1)
     """MoE: experts per token."""
     moe_aux_loss_coeff: float = limit(1e-2, ge=0)
     """MoE: load-balancing loss weight (0: no auxiliary loss)."""
-    moe_ffn_hidden_size: Optional[int] = limit(None, ge=1)
+    moe_ffn_hidden_size: Optional[int] = limit(None, ge=1, le=MAX_WIDTH)
     """MoE: each routed expert's inner width (None: --ffn-hidden-size). Fine-grained experts
     (DeepSeek) are narrower than a dense FFN."""
     moe_first_dense_layers: int = limit(0, ge=0)
     """MoE: the first N decoder layers keep a dense SwiGLU MLP (--ffn-hidden-size), as
     DeepSeek's first_k_dense_replace; megatron's --moe-layer-freq [0]*N+[1]*(L-N)."""
-    moe_shared_expert_intermediate_size: Optional[int] = limit(None, ge=1)
+    moe_shared_expert_intermediate_size: Optional[int] = limit(None, ge=1, le=MAX_WIDTH)
     """MoE: inner width of the shared expert every token goes through (None: no shared
     expert). --gnmr: its fc1/fc2 are units too (`layers.L.mlp.shared_experts.linear_fc1`)."""
     moe_router_score_function: str = "softmax"

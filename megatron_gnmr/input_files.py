@@ -40,6 +40,9 @@ def check_data(data) -> None:
 
         check_corpora(data.corpus, data.tokenizer_corpus)
         return
+    if data.tokenizer_corpus is not None or data.corpus != type(data)().corpus:
+        raise UserError("--corpus and --tokenizer-corpus pick a prepared corpus; with "
+                        "--data-path the data is yours (give its --tokenizer-model instead)")
     from megatron_gnmr.data.indexed import check_indexed_dataset, check_token_range
     from megatron_gnmr.data.tokenizer import Tokenizer
 

@@ -10,14 +10,16 @@ from pathlib import Path
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Every complete record of a JSONL log (one cut by a crash, or being written, is
-    skipped)."""
+    """Every complete record (a JSON object) of a JSONL log: a line cut by a crash, the one
+    being written, bytes that are not text and JSON that is not an object are skipped."""
     records = []
-    for line in Path(path).read_text().splitlines():
+    for line in Path(path).read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a crash, or the one being written right now
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 

@@ -172,6 +172,15 @@ def validate_precision(config: RunConfig) -> None:
     if precision.act_quant_granularity not in ("tensor", "row", "tile"):
         raise UserError("--act-quant-granularity must be tensor, row or tile")
     build_recipe(precision)  # raises a UserError naming the flag
+    from megatron_gnmr.precision.backends import BACKENDS, inapplicable_options
+
+    for name in inapplicable_options(precision):
+        users = [recipe for recipe, entry in BACKENDS.items() if name in entry.options]
+        flag = name.replace("_", "-")
+        flag = f"--no-{flag}" if getattr(precision, name) is False else f"--{flag}"
+        raise UserError(f"{flag} applies to --precision-recipe "
+                        f"{' or '.join(users)} only; this run uses "
+                        f"{precision.precision_recipe}, which would ignore it")
     validate_attention_precision(config)
     if precision.precision_config_file:
         from megatron_gnmr.controller.units import UnitShape
@@ -350,7 +359,7 @@ def validate_lora(config: RunConfig) -> None:
     if not lora.enabled:
         return
     from megatron_gnmr.controller.units import UnitShape
-    from megatron_gnmr.lora.adapters import check_dim, check_targets
+    from megatron_gnmr.lora.adapters import check_dim, check_rank, check_targets
 
     if config.model.num_experts:
         raise UserError("--lora with --num-experts is not supported yet (dense models only)")
@@ -364,6 +373,7 @@ def validate_lora(config: RunConfig) -> None:
         raise UserError(f"--lora-dropout-position must be pre or post, got "
                         f"{lora.dropout_position!r}")
     check_dim(lora, p.tensor_model_parallel_size)
+    check_rank(lora, config)
     check_targets(lora.target_modules, UnitShape.of(config.model).names())
 
 

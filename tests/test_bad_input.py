@@ -58,12 +58,15 @@ def files(tmp_path_factory):
         "top_level_list": "- model\n- training\n",
         "yaml_nan": "training:\n  clip_grad: .nan\n",
         "bool_for_int": "model:\n  num_layers: true\n",
+        "schedule_not_pairs": "gnmr:\n  alpha_schedule: 5\n",
     }
     for name, text in yamls.items():
         (root / f"{name}.yaml").write_text(text)
     for name, text in PRECISION_CONFIGS.items():
         (root / f"pc_{name}.yaml").write_text(text)
     (root / "pc_binary.yaml").write_bytes(bytes(range(256)) * 4)
+    (root / "not_records").mkdir()  # a "run" whose metrics.jsonl is JSON, but no records
+    (root / "not_records" / "metrics.jsonl").write_text('[1, 2]\n"step"\n5\n')
     (root / "config_dir.yaml").mkdir()
     corrupt = root / "corrupt"
     corrupt.mkdir()
@@ -279,6 +282,25 @@ IN_PROCESS = {
                                      "--precision-config-file", f"{{root}}/pc_{name}.yaml"],
                                     f"pc_{name}.yaml")
        for name in [*PRECISION_CONFIGS, "binary"]},
+    # a recipe's option given to another recipe (it would be ignored)
+    "nvfp4_option_elsewhere": (["--precision-recipe", "fp8-emulated", "--no-nvfp4-hadamard"],
+                               "--no-nvfp4-hadamard applies to --precision-recipe nvfp4"),
+    "int_bits_without_w8a8": (["--int-activation-bits", "4"], "--int-activation-bits"),
+    "fp8_recipe_for_deepseek": (["--precision-recipe", "deepseek", "--fp8-recipe",
+                                 "blockwise"], "--fp8-recipe"),
+    "act_quant_option_elsewhere": (["--precision-recipe", "nvfp4", "--act-quant-bits", "3"],
+                                   "--act-quant-bits"),
+    # shapes no cluster builds (a typo), sizes a layer cannot have
+    "layers_beyond_any_model": (["--num-layers", "1000000000000"], "--num-layers"),
+    "width_beyond_any_model": (["--hidden-size", "100000000000"], "--hidden-size"),
+    "lora_rank_above_the_layer": (["--finetune", "--load", "{root}/run", "--lora",
+                                   "--lora-dim", "128"], "--lora-dim 128 exceeds"),
+    # corpus flags that would be ignored
+    "tokenizer_corpus_is_own": (["--tokenizer-corpus", "shakespeare"], "--tokenizer-corpus"),
+    "corpus_with_data_path": (["--data-path", "{root}/small_vocab/text_document", "--corpus",
+                               "austen"], "--corpus"),
+    "yaml_schedule_not_pairs": (["--config", "{root}/schedule_not_pairs.yaml"],
+                                "gnmr.alpha_schedule"),
     "attention_precision_unknown": (["--attention-precision", "fp4"], "--attention-precision"),
     "attention_precision_with_te": (["--attention-precision", "fp8", "--precision-recipe",
                                      "te-fp8"], "--attention-precision"),
@@ -303,6 +325,10 @@ THROUGH_THE_ENTRY_POINT = {
     "resume_in_bf16": (["--load", "{root}/run", "--gnmr", "--monitors", "attention",
                         "--monitor-interval", "1", "--monitor-delta", "1", "--bf16"], "--bf16"),
     "resume_without_controller": (["--load", "{root}/run"], "--gnmr"),
+    "split_valid_almost_empty": (["--split", "100000,1,0"], "--split 100000,1,0: the valid "
+                                 "split gets"),
+    "reference_metrics_not_records": (["--monitors", "attention", "--monitor-reference",
+                                       "{root}/not_records"], "holds no step records"),
     "finetune_base_other_shape": (["--finetune", "--load", "{root}/run", "--hidden-size",
                                    "128", "--save", "{root}/ft"], "--hidden-size"),
 }

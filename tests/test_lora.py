@@ -364,3 +364,39 @@ def test_a_full_finetune_starts_from_the_bases_weights_at_step_zero(finetuned, t
     tuned = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert tuned["initial_valid_loss"] == pytest.approx(base["final_valid_loss"], rel=1e-12)
     assert sorted(train_losses(tmp_path / "full")) == [1, 2]
+
+
+def test_merge_lora_refuses_an_out_directory_that_holds_anything(finetuned, tmp_path):
+    from megatron_gnmr.training.merge_lora import merge_run
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="--out .* is not empty"):
+        merge_run(str(finetuned / "straight"), str(busy))
+    assert sorted(p.name for p in busy.iterdir()) == ["notes.txt"]  # nothing written beside
+    with pytest.raises(UserError, match="is a file"):
+        merge_run(str(finetuned / "straight"), str(busy / "notes.txt"))
+
+
+def test_evaluate_refuses_a_config_that_does_not_match_its_checkpoint(finetuned, tmp_path):
+    """A run directory whose config.json was edited: one line naming the field, not a
+    tensor-size traceback from torch."""
+    import shutil
+
+    from megatron.core import parallel_state
+
+    from megatron_gnmr.evaluation.loaded_run import load_run
+
+    run = tmp_path / "edited"
+    shutil.copytree(finetuned / "base", run)
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["ffn_hidden_size"] = 192
+    (run / "config.json").write_text(json.dumps(config))
+    try:
+        with pytest.raises(UserError, match="--ffn-hidden-size 192, its checkpoint was "
+                                            "written with 176"):
+            load_run(str(run))
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()

@@ -12,17 +12,20 @@ from typing import Sequence
 from megatron_gnmr.limits import check_limits, limit
 
 
-def _parse_schedule(value) -> tuple[tuple[int, float], ...]:
+def _parse_schedule(value, name: str = "schedule") -> tuple[tuple[int, float], ...]:
     """A threshold schedule: `((step, value), ...)` or the flag form `"1:3.0,500:2.0"`."""
     if value is None or value == "" or value == ():
         return ()
-    if isinstance(value, str):
-        pairs = []
-        for item in value.split(","):
-            step, _, threshold = item.partition(":")
-            pairs.append((int(step), float(threshold)))
-        value = pairs
-    return tuple(sorted((int(step), float(threshold)) for step, threshold in value))
+    form = ('"1:3,500:2" or a list of [step, threshold] pairs, e.g. [[1, 3.0], [500, 2.0]]')
+    pairs = [item.partition(":")[::2] for item in value.split(",")] \
+        if isinstance(value, str) else value
+    try:
+        if not isinstance(pairs, (list, tuple)) or not all(
+                isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in pairs):
+            raise TypeError
+        return tuple(sorted((int(step), float(threshold)) for step, threshold in pairs))
+    except (TypeError, ValueError):
+        raise ValueError(f"gnmr.{name} must be {form}, got {value!r}") from None
 
 
 @dataclass
@@ -53,8 +56,8 @@ class GNMRConfig:
     """Optional piecewise-constant schedule for beta, same form as alpha_schedule."""
 
     def __post_init__(self) -> None:
-        self.alpha_schedule = _parse_schedule(self.alpha_schedule)
-        self.beta_schedule = _parse_schedule(self.beta_schedule)
+        self.alpha_schedule = _parse_schedule(self.alpha_schedule, "alpha_schedule")
+        self.beta_schedule = _parse_schedule(self.beta_schedule, "beta_schedule")
         for name in ("alpha", "beta"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

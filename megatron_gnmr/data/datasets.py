@@ -73,6 +73,7 @@ def build_datasets(data: DataConfig, source: DataSource, sequence_length: int, s
         path_to_cache=str(cache),
         mmap_bin_files=True,
     )
+    check_split_has_samples(data.split, source.prefix, sequence_length)
     try:
         with building_alone(cache):
             train, valid, _ = BlendedMegatronDatasetBuilder(
@@ -84,6 +85,30 @@ def build_datasets(data: DataConfig, source: DataSource, sequence_length: int, s
     if train is None or valid is None:
         raise UserError(f"--split {data.split}: needs non-zero train and valid weights")
     return train, valid
+
+
+def check_split_has_samples(split: str, prefix: str, sequence_length: int) -> None:
+    """Each of the train and valid splits must hold one sample (sequence + 1 tokens) of the
+    documents megatron gives it: with fewer, megatron's sample index loops over epochs of
+    nothing and the run hangs without a word. The document ranges are megatron's own
+    (`convert_split_vector_to_split_matrix`, rounded as its builder rounds them)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    dataset = IndexedDataset(prefix, mmap=True)
+    lengths = dataset.sequence_lengths.copy()  # a view into the index's mmap, closed with it
+    del dataset
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    for name, bookends in zip(("train", "valid"), matrix[:2]):
+        begin, end = (int(round(b * len(lengths))) for b in bookends) if bookends else (0, 0)
+        tokens = int(lengths[begin:end].sum())
+        if tokens < sequence_length + 1:
+            raise UserError(f"--split {split}: the {name} split gets documents {begin}..{end} "
+                            f"of {len(lengths)} ({tokens} tokens), less than one sample "
+                            f"({sequence_length + 1} tokens); give it a larger weight")
 
 
 def private_index_cache(data_cache_dir: str) -> Path:

@@ -101,10 +101,29 @@ def load_run(run_dir: str, exact: bool = False) -> LoadedRun:
         raise UserError(f"evaluate {run_dir}: its checkpoint was written by "
                         f"{meta.get('world_size')} processes; launch the evaluation with as many "
                         "(torchrun --nproc_per_node N -m megatron_gnmr.cli evaluate RUN_DIR)")
+    _check_recorded_shape(run_dir, config, meta)
     base_run = _load_weights(model, choice.directory, meta)
     for chunk in model:
         chunk.eval()
     return LoadedRun(directory, config, model, data, base_run)
+
+
+def _check_recorded_shape(run_dir: str, config: RunConfig, meta: dict) -> None:
+    """The model config.json describes is the one the checkpoint holds (meta.json records
+    every model field): a mismatch would end in a tensor size error inside torch."""
+    import dataclasses
+
+    from megatron_gnmr.config import ModelConfig, flag_name
+
+    saved = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
+    for field in dataclasses.fields(ModelConfig):
+        flag = flag_name("model", field.name)
+        ours = getattr(config.model, field.name)
+        if flag in saved and saved[flag] != ours:
+            raise UserError(f"evaluate {run_dir}: its config.json says {flag} {ours}, its "
+                            f"checkpoint was written with {saved[flag]}; the run directory "
+                            "is inconsistent (was config.json edited or copied from another "
+                            "run?)")
 
 
 def _load_weights(model, directory: Path, meta: dict) -> Path | None:

@@ -152,3 +152,20 @@ def check_dim(lora: LoRAConfig, tp: int) -> None:
         raise UserError(f"--lora-dim {lora.dim} must be divisible by "
                         f"--tensor-model-parallel-size {tp} (A of a column-parallel linear is "
                         "split along the rank, as in Megatron-Bridge)")
+
+
+def check_rank(lora: LoRAConfig, config) -> None:
+    """A rank-r update of a K x N weight has rank min(r, K, N): an r above that adds
+    parameters and no expressiveness, and is a typo more often than a choice."""
+    import dataclasses
+
+    from megatron_gnmr.precision.gemm_shapes import unit_gemms
+
+    whole = dataclasses.replace(config, parallel=dataclasses.replace(
+        config.parallel, tensor_model_parallel_size=1))
+    for gemm in unit_gemms(whole):
+        if any(gemm.unit.endswith(target.rsplit(".", 1)[-1]) for target in lora.target_modules) \
+                and lora.dim > min(gemm.in_features, gemm.out_features):
+            raise UserError(f"--lora-dim {lora.dim} exceeds the rank of {gemm.unit} "
+                            f"({gemm.out_features} x {gemm.in_features}): use at most "
+                            f"{min(gemm.in_features, gemm.out_features)}")

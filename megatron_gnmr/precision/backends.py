@@ -33,6 +33,9 @@ class Backend:
     """It may run MoE models."""
     start_note: Callable | None = None
     """(RunConfig, world_size) -> a line for the user at the start of a run, or None."""
+    options: tuple[str, ...] = ()
+    """The PrecisionConfig fields it reads; another backend's, set away from their default,
+    are refused (`inapplicable_options`)."""
 
 
 def _te_spec(num_experts):
@@ -78,19 +81,23 @@ def _torchao_start_note(config, world_size: int) -> str | None:
             "float32 speed")
 
 
+FP8_OPTIONS = ("fp8_format", "fp8_recipe")
 BACKENDS = {
     "none": Backend(recipe=None, probes=False, experts=True),
-    "fp8-emulated": Backend(recipes.fp8_emulated, experts=True),
-    "deepseek": Backend(recipes.deepseek, experts=True),
-    "nvfp4": Backend(recipes.nvfp4, experts=True),
-    "act-quant": Backend(recipes.act_quant, experts=True),
-    "w8a8": Backend(recipes.w8a8, experts=True),
+    "fp8-emulated": Backend(recipes.fp8_emulated, experts=True, options=FP8_OPTIONS),
+    "deepseek": Backend(recipes.deepseek, experts=True, options=("deepseek_low_format",)),
+    "nvfp4": Backend(recipes.nvfp4, experts=True, options=(
+        "nvfp4_recovery", "nvfp4_2d_weights", "nvfp4_stochastic_rounding", "nvfp4_hadamard")),
+    "act-quant": Backend(recipes.act_quant, experts=True, options=(
+        "act_quant_bits", "act_quant_recovery_bits", "act_quant_granularity")),
+    "w8a8": Backend(recipes.w8a8, experts=True,
+                    options=("int_weight_bits", "int_activation_bits")),
     "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate,
-                           start_note=_torchao_start_note),
+                           start_note=_torchao_start_note, options=FP8_OPTIONS),
     # Our --fp8-format / --fp8-recipe values are megatron's own.
     "te-fp8": Backend(recipe=None, layer_spec=_te_spec, validate=_te_validate,
                       megatron_fields=lambda p: {"fp8": p.fp8_format, "fp8_recipe": p.fp8_recipe},
-                      probes=False, experts=True),
+                      probes=False, experts=True, options=FP8_OPTIONS),
 }
 
 
@@ -107,3 +114,15 @@ def build_recipe(precision) -> recipes.Recipe | None:
     """The path pair of the run's path-routed linears (None: nothing to route)."""
     chosen = backend(precision)
     return chosen.recipe(precision) if chosen.recipe is not None else None
+
+
+def inapplicable_options(precision) -> list[str]:
+    """The recipe options set away from their default that the run's backend does not read
+    (`fp8_format`, ... as field names), in field order."""
+    import dataclasses
+
+    chosen = backend(precision)
+    others = {name for entry in BACKENDS.values() for name in entry.options} - \
+        set(chosen.options)
+    return [f.name for f in dataclasses.fields(precision)
+            if f.name in others and getattr(precision, f.name) != f.default]

@@ -20,6 +20,11 @@ from megatron_gnmr.training.finetune import recorded_base
 
 
 def merge_run(run_dir: str, out: str) -> Path:
+    target = Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UserError(f"merge-lora --out {out}: "
+                        f"{'is not empty' if target.is_dir() else 'is a file'}; the merged "
+                        "run needs a new directory")
     directory = checkpoint.newest_intact(run_dir)
     if directory is None:
         raise UserError(f"merge-lora {run_dir}: no complete checkpoint there")
@@ -46,10 +51,6 @@ def merge_run(run_dir: str, out: str) -> Path:
     settings = {k: v for k, v in meta["settings"].items() if not k.startswith("--lora")
                 and not k.startswith("base checkpoint")}
     settings["--lora"] = False
-    target = Path(out)
-    if checkpoint.checkpoint_steps(out):
-        raise UserError(f"merge-lora --out {out}: already holds checkpoints; choose a new "
-                        "directory")
     path = checkpoint.write_checkpoint(out, meta["step"], [{"model": [m]} for m in merged],
                                        {"settings": settings, "merged_from": str(directory)})
     (target / "config.json").write_text(json.dumps(config, indent=2))

@@ -46,6 +46,8 @@ def monitor_series(records: list[dict]) -> list[tuple[int, str, int | None, str,
     plus the training loss averaged over each check interval."""
     out, losses = [], []
     for record in records:
+        if not isinstance(record.get("step"), int):
+            continue  # not a step's record (a header, or not ours)
         if "train/loss" in record:
             loss = record["train/loss"]
             losses.append(loss if isinstance(loss, (int, float)) else math.nan)
@@ -53,7 +55,10 @@ def monitor_series(records: list[dict]) -> list[tuple[int, str, int | None, str,
         for key, value in record.items():
             if not key.startswith("monitor/"):
                 continue
-            family, layer, name = key.split("/")[1:]
+            parts = key.split("/")
+            if len(parts) != 4 or not parts[2].removeprefix("layer").isdigit():
+                continue  # a per-layer signal is monitor/FAMILY/layerN/NAME
+            family, layer, name = parts[1:]
             if family in FAMILIES and name in FAMILIES[family].alarm_signals:
                 number = value if isinstance(value, (int, float)) else math.nan
                 out.append((record["step"], family, int(layer.removeprefix("layer")), name,
@@ -80,7 +85,15 @@ def signals_by_key(runs: list[list[dict]]) -> dict[str, list[dict[int, float]]]:
 
 def load_reference_signals(run_dirs: list[str]) -> dict[str, list[dict[int, float]]]:
     """signal key ('attention/layer0/H_D2_mean') -> one {step: value} per reference run."""
-    return signals_by_key([read_jsonl(_metrics_path(run_dir)) for run_dir in run_dirs])
+    runs = []
+    for run_dir in run_dirs:
+        records = read_jsonl(_metrics_path(run_dir))
+        if not any(isinstance(r.get("step"), int) for r in records):
+            raise UserError(f"--monitor-reference {run_dir}: its metrics.jsonl holds no step "
+                            "records (a reference is the --save directory of a finished "
+                            "healthy run)")
+        runs.append(records)
+    return signals_by_key(runs)
 
 
 def config_mismatches(run_dirs: list[str], live: dict) -> list[str]:
@@ -91,9 +104,17 @@ def config_mismatches(run_dirs: list[str], live: dict) -> list[str]:
         if not path.is_file():
             lines.append(f"{run_dir}: no config.json, cannot check it matches this run")
             continue
-        reference = json.loads(path.read_text())
+        try:
+            reference = json.loads(path.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            reference = None
+        if not isinstance(reference, dict):
+            lines.append(f"{run_dir}: config.json is not a run config, cannot check it "
+                         "matches this run")
+            continue
         for section, names in COMPARED_FIELDS.items():
-            ours, theirs = live.get(section, {}), reference.get(section, {})
+            ours, theirs = live.get(section, {}), reference.get(section)
+            theirs = theirs if isinstance(theirs, dict) else {}
             for name in names or sorted(set(ours) | set(theirs)):
                 if ours.get(name) != theirs.get(name):
                     lines.append(f"{run_dir}: {section}.{name} = {theirs.get(name)!r}, "
