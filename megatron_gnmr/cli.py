@@ -1,5 +1,6 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
-compare-alarms, compare-signals, estimate-memory, calibrate, evaluate, merge-lora)."""
+compare-alarms, compare-signals, compare-closed-loop, estimate-memory, calibrate, evaluate,
+merge-lora)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_gnmr import estimate
     from megatron_gnmr.data import prepare
     from megatron_gnmr.evaluation import command as evaluate
-    from megatron_gnmr.experiments import alarm_comparison, runner, signal_comparison
+    from megatron_gnmr.experiments import (
+        alarm_comparison,
+        closed_loop,
+        runner,
+        signal_comparison,
+    )
     from megatron_gnmr.observe import report
     from megatron_gnmr.training import merge_lora
 
@@ -32,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         ("reproduce", runner, "run one of the paper's scenarios and write its results table"),
         ("compare-alarms", alarm_comparison, "every alarm detector on a fault scenario's runs"),
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
+        ("compare-closed-loop", closed_loop, "did the controller save the runs that die?"),
         ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
         ("calibrate", calibrate, "the units to keep in BF16, as Megatron's precision config"),
         ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),
