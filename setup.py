@@ -48,6 +48,9 @@ setup(
         # and matplotlib for `megatron-gnmr report` and the images logged to both.
         "wandb>=0.19",
         "tensorboard>=2.15",
+        # `megatron-gnmr dashboard`: the product's W&B workspace as code (W&B's own library;
+        # small, pure Python, on top of wandb and pydantic).
+        "wandb-workspaces>=0.4",
         "matplotlib>=3.7",
     ],
     extras_require={

@@ -1,6 +1,6 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
 compare-alarms, compare-signals, compare-closed-loop, estimate-memory, calibrate, evaluate,
-merge-lora)."""
+merge-lora, dashboard)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
         runner,
         signal_comparison,
     )
-    from megatron_gnmr.observe import report
+    from megatron_gnmr.observe import dashboard, report
     from megatron_gnmr.training import merge_lora
 
     parser = OneLineErrorParser(prog="megatron-gnmr", allow_abbrev=False)
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         ("compare-alarms", alarm_comparison, "every alarm detector on a fault scenario's runs"),
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
         ("compare-closed-loop", closed_loop, "did the controller save the runs that die?"),
+        ("dashboard", dashboard, "the W&B workspace for a run's keys (or its offline spec)"),
         ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
         ("calibrate", calibrate, "the units to keep in BF16, as Megatron's precision config"),
         ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-SLOW_MODULES = {"test_alarm_detectors_live", "test_data_safety", "test_gpu_check",
-                "test_observability", "test_replay", "test_signals_live", "test_scenarios"}
+SLOW_MODULES = {"test_alarm_detectors_live", "test_dashboard", "test_data_safety",
+                "test_gpu_check", "test_observability", "test_replay", "test_signals_live",
+                "test_scenarios"}
 SLOW_TESTS = {"test_bad_input_exits_2_with_one_line"}
 
 

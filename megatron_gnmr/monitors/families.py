@@ -9,7 +9,7 @@ here; `--monitors` accepts every name below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 
@@ -22,6 +22,9 @@ class Family:
     """The units a firing alarm of layer l names, as unit-name prefixes in order of
     preference: the first that some unit of the model has is named."""
     needs_experts: bool = False
+    charts: dict[str, str] = field(default_factory=dict)
+    """Dashboard charts: title -> a regex over the signal names it logs per layer (every
+    layer on one chart); together they cover every signal the family logs."""
 
 
 def _attention(model_chunks, config):
@@ -44,12 +47,20 @@ FAMILIES = {
     # attention is not switchable, the alarm names the layer's attention linears.
     "attention": Family(_attention, {"H_D2_mean": -1, "H_dWq": -1, "H_dWk": -1},
                         lambda layer: (f"layers.{layer}.self_attention.core_attention",
-                                       f"layers.{layer}.self_attention.")),
+                                       f"layers.{layer}.self_attention."),
+                        charts={"H(D2), QK-product increment": r"H_D2_(mean|min)",
+                                "H(dW_q), H(dW_k)": r"H_dW[qk]",
+                                "normalised entropies": r"H_\w+_normalized",
+                                "effective rank": r"effective_rank_\w+"}),
     # Routing collapses: entropy falls, router rows align, load concentrates (SPEC 7.2).
     # A balancing bias that runs away (DeepSeek routers) is balancing losing to the router.
     "router": Family(_router, {"entropy_mean": -1, "weight_similarity": +1,
                                "load_max_over_mean": +1, "expert_bias_spread": +1},
-                     lambda layer: (f"layers.{layer}.mlp.",), needs_experts=True),
+                     lambda layer: (f"layers.{layer}.mlp.",), needs_experts=True,
+                     charts={"routing entropy": r"(gate_)?entropy_\w+",
+                             "router rows, balancing bias": r"weight_similarity|"
+                             r"conditioning_ratio|expert_bias_spread",
+                             "expert load": r"load_\w+"}),
 }
 
 

@@ -16,6 +16,8 @@ class LoggingConfig:
     """W&B run name (default: W&B's)."""
     wandb_entity: Optional[str] = None
     """W&B entity (team or user)."""
+    wandb_group: Optional[str] = None
+    """W&B run group (e.g. a scenario's variant); the `dashboard` workspace groups by it."""
     wandb_mode: Optional[str] = None
     """offline | online | disabled (default: online if an API key is configured, else offline)."""
     tensorboard_dir: Optional[str] = None

@@ -154,11 +154,14 @@ def build_loggers(config, run_dir: str | None, rank: int, resume_step: int = 0):
 
             loggers.append(WandbLogger(Path(run_dir), config.to_dict(), logging.wandb_project,
                                        logging.wandb_exp_name, logging.wandb_entity,
-                                       logging.wandb_mode))
+                                       logging.wandb_mode, logging.wandb_group))
         if logging.tensorboard_dir:
             from megatron_gnmr.observe.tensorboard_logger import TensorBoardLogger
 
-            loggers.append(TensorBoardLogger(Path(logging.tensorboard_dir)))
+            from megatron_gnmr.observe.dashboard import tensorboard_layout
+
+            loggers.append(TensorBoardLogger(Path(logging.tensorboard_dir),
+                                             tensorboard_layout(config.to_dict())))
     except BaseException:
         MultiLogger(loggers).close()
         raise

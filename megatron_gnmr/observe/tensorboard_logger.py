@@ -1,4 +1,5 @@
-"""TensorBoard: the same scalar names as W&B and JSONL, events as text."""
+"""TensorBoard: the same scalar names as W&B and JSONL, events as text, and the dashboard
+layout as custom scalars (TensorBoard opens on grouped charts: `observe/dashboard.py`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 
 
 class TensorBoardLogger:
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, layout: dict | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(log_dir))
+        if layout:
+            self.writer.add_custom_scalars(layout)
 
     def log(self, step: int, metrics: dict) -> None:
         for key, value in metrics.items():

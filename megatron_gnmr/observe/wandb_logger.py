@@ -28,7 +28,7 @@ def resolve_mode(mode: str | None) -> str:
 
 class WandbLogger:
     def __init__(self, run_dir: Path, config: dict, project: str, name: str | None,
-                 entity: str | None, mode: str | None):
+                 entity: str | None, mode: str | None, group: str | None = None):
         import wandb
 
         self._wandb = wandb
@@ -39,7 +39,7 @@ class WandbLogger:
             path = (root / folder).resolve()
             path.mkdir(parents=True, exist_ok=True)
             os.environ[variable] = str(path)
-        self.run = wandb.init(project=project, name=name, entity=entity,
+        self.run = wandb.init(project=project, name=name, entity=entity, group=group,
                               mode=resolve_mode(mode), dir=str(root.resolve()), config=config,
                               settings=wandb.Settings(silent=True, console="off"))
 
