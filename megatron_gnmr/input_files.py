@@ -39,6 +39,10 @@ def check_data(data) -> None:
         from megatron_gnmr.data.prepare import check_corpora
 
         check_corpora(data.corpus, data.tokenizer_corpus)
+        if data.tokenizer_corpus == data.corpus:
+            raise UserError(f"--tokenizer-corpus {data.tokenizer_corpus} is --corpus "
+                            f"{data.corpus}'s own tokenizer: leave the flag out (it names "
+                            "another corpus whose tokenizer reads this one)")
         return
     if data.tokenizer_corpus is not None or data.corpus != type(data)().corpus:
         raise UserError("--corpus and --tokenizer-corpus pick a prepared corpus; with "

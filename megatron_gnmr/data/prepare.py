@@ -99,10 +99,6 @@ def check_corpora(corpus: str, tokenizer_corpus: str | None) -> None:
     for flag, name in (("--corpus", corpus), ("--tokenizer-corpus", tokenizer_corpus)):
         if name is not None and name not in CORPORA:
             raise UserError(f"{flag} {name!r}: use one of {', '.join(CORPORA)}")
-    if tokenizer_corpus is not None and tokenizer_corpus == corpus:
-        raise UserError(f"--tokenizer-corpus {tokenizer_corpus} is --corpus {corpus}'s own "
-                        "tokenizer: leave the flag out (it names another corpus whose "
-                        "tokenizer reads this one)")
 
 
 @contextlib.contextmanager
