@@ -93,10 +93,6 @@ PATCHED_PROBE = textwrap.dedent("""
         return untouched and seeded and advances
     check("rng_tracker_forks_cpu_states", rng_tracker)
 
-    def moe_names():
-        from megatron.core.transformer.moe import moe_utils
-        return hasattr(moe_utils, "te_general_gemm")
-    check("moe_names", moe_names)
     print(json.dumps(checks))
 """)
 

@@ -7,6 +7,9 @@ submodules=...)`, not a `ModuleSpec` with `.submodules`: the landed code read
 """
 
 import functools
+import subprocess
+import sys
+import textwrap
 
 import megatron.core
 import pytest
@@ -17,6 +20,7 @@ from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.model import layer_spec
 from megatron_gnmr.platform import megatron_compat
 from megatron_gnmr.precision.linear import EmulatedColumnParallelLinear, EmulatedRowParallelLinear
+from tests.helpers import LAUNCH_TIMEOUT_S, REPO
 
 VERSION = Version(megatron.core.__version__.split("+")[0])
 EMULATED = {"linear_qkv": EmulatedColumnParallelLinear,
@@ -46,3 +50,29 @@ def test_every_emulated_recipe_spec_routes_all_four_unit_linears(num_experts):
     # the original spec is left as it was (the replacement works on a copy)
     assert megatron_compat.unit_linear_classes(layer_spec(parse_config(flags))) == \
         megatron_compat.unit_linear_classes(plain)
+
+
+MOE_WITHOUT_TE_ON_CUDA = textwrap.dedent("""
+    import torch
+    torch.cuda.is_available = lambda: True  # a CUDA machine without Transformer Engine
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.platform import device
+    from megatron_gnmr.training import distributed
+    device.distributed_backend = lambda: "gloo"  # the boundary: no real GPU here
+    device.select_device = lambda: None
+    try:
+        distributed.initialize(parse_config([]))
+    except Exception:
+        pass  # seeding a pretend GPU fails later; the binding comes first
+    from megatron.core.transformer.moe import moe_utils
+    print(hasattr(moe_utils, "te_general_gemm"))
+""")
+
+
+def test_moe_helpers_are_bound_without_te_on_a_cuda_machine_too():
+    """megatron-core 0.16.1 binds `te_general_gemm` only inside its TE import block and the
+    router reads it every forward: without TE every MoE model fails with a NameError, on a
+    GPU as on a CPU. The binding once came with the CPU patches only (skipped with CUDA)."""
+    out = subprocess.run([sys.executable, "-c", MOE_WITHOUT_TE_ON_CUDA], capture_output=True,
+                         text=True, timeout=LAUNCH_TIMEOUT_S, cwd=REPO)
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-3000:]

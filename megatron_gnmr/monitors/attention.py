@@ -123,7 +123,9 @@ class AttentionMonitor:
         return {"snapshots": {k: v.clone() for k, v in self.snapshots.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.snapshots = {int(k): v.clone() for k, v in state["snapshots"].items()}
+        # a checkpoint is read to the host; the snapshots meet the weights on the run's device
+        self.snapshots = {int(k): v.to(run_device(), copy=True)
+                          for k, v in state["snapshots"].items()}
 
 
 def gather_over_pipeline(local: dict) -> dict:

@@ -177,23 +177,7 @@ def _patch_recompute() -> None:
 
 def _patch_moe() -> None:
     """MoE call sites (imported lazily: MoE modules are heavy)."""
-    from megatron.core.transformer.moe import moe_utils, token_dispatcher
-
-    # 0.16.1 without TE: `moe_utils` never binds `te_general_gemm` and the fused helpers
-    # (NameError in `RouterGatingLinearFunction`); 0.19.x binds them to None.
-    for name in (
-        "te_general_gemm",
-        "fused_compute_score_for_moe_aux_loss",
-        "fused_moe_aux_loss",
-        "fused_permute",
-        "fused_permute_with_probs",
-        "fused_sort_chunks_by_index",
-        "fused_sort_chunks_by_index_with_probs",
-        "fused_topk_with_score_function",
-        "fused_unpermute",
-    ):
-        if not hasattr(moe_utils, name):
-            setattr(moe_utils, name, None)
+    from megatron.core.transformer.moe import token_dispatcher
 
     # Alltoall dispatcher with EP > 1: split sizes stay tensors on CPU (`maybe_move_tensor_
     # to_cpu` only converts CUDA tensors) and gloo's `all_to_all_single` rejects tensors.

@@ -18,7 +18,11 @@ x as it does on a GPU.
 
 A marked tensor entering a collective, or held by an optimizer when it steps, is what NCCL
 or megatron's optimizer would refuse on a GPU: it is recorded with its call site, and each
-rank writes `<prefix>.rank<R>.json` at exit. Tensors the mode never saw (autograd's
+rank writes `<prefix>.rank<R>.json` at exit. State restored from a checkpoint never passes
+through the rule (it is read to the host, `map_location="cpu"`): every tensor a shard holds is
+marked host as it is read (`mark_restored`), and after a resume every tensor of the live state
+it was restored into (model, optimizer, monitors, controller) must have left the host
+(`check_restored`). Tensors the mode never saw (autograd's
 gradients) count as device tensors: on a GPU they follow the tensors they derive from.
 """
 
@@ -138,7 +142,8 @@ class DeviceAudit:
     def __init__(self, report_prefix: str):
         self.report_prefix = report_prefix
         self.violations: list[dict] = []
-        self.checked = {"collective_tensors": 0, "optimizer_parameters": 0}
+        self.checked = {"collective_tensors": 0, "optimizer_parameters": 0,
+                        "restored_tensors": 0}
 
     def record(self, what: str) -> None:
         frames = [f for f in traceback.extract_stack()[:-3]
@@ -165,6 +170,15 @@ class DeviceAudit:
                 if on_host(param):
                     self.record(f"host parameter {tuple(param.shape)} in "
                                 f"{type(optimizer).__name__}.step")
+
+    def check_restored(self, what: str, state) -> None:
+        for tensor in _tree_tensors(state):
+            self.checked["restored_tensors"] += 1
+            # a 0-dim tensor may stay on the host (CUDA ops take 0-dim CPU operands; torch
+            # keeps Adam's `step` there on a GPU too)
+            if on_host(tensor) and tensor.dim() > 0:
+                self.record(f"host tensor {tuple(tensor.shape)} {tensor.dtype} restored into "
+                            f"{what}")
 
     def write_report(self) -> None:
         rank = os.environ.get("RANK", "0")
@@ -198,10 +212,38 @@ def _mark_new_parameters() -> None:
     torch.nn.Parameter.__new__ = staticmethod(new)
 
 
+def _tree_tensors(tree):
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            yield from _tree_tensors(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _tree_tensors(value)
+
+
+_AUDIT: DeviceAudit | None = None
+
+
+def mark_restored(tree) -> None:
+    """Under the audit: every tensor of a shard just read from disk (to the host) is marked."""
+    if _AUDIT is not None:
+        for tensor in _tree_tensors(tree):
+            _set_mark(tensor, True)
+
+
+def check_restored(what: str, state) -> None:
+    """Under the audit: no tensor of `state` (restored from a checkpoint) is on the host."""
+    if _AUDIT is not None:
+        _AUDIT.check_restored(what, state)
+
+
 def install() -> DeviceAudit:
     """Enter the marking mode, wrap the collectives and hook every optimizer step. Called by
     `apply_cpu_patches` after the CPU device mode, so this mode sees each call first."""
-    audit = DeviceAudit(os.environ[ENVIRONMENT])
+    global _AUDIT
+    audit = _AUDIT = DeviceAudit(os.environ[ENVIRONMENT])
     from torch.distributed import distributed_c10d
 
     for name in COLLECTIVES:

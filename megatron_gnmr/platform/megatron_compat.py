@@ -183,3 +183,22 @@ def distributed_optimizer_shards(optimizer: Any) -> dict[int, tuple[int, int]]:
             owned = part._get_model_param_range_map(param)["param"]
             shards[id(param)] = (owned.start, owned.end)
     return shards
+
+
+# 0.16.1 without Transformer Engine: `moe_utils` binds these only inside its TE import block,
+# and the router reads `te_general_gemm` on every forward (NameError); 0.19.x binds them to
+# None. Absent TE, not absent CUDA, is the condition: a CUDA machine without TE hits it too.
+MOE_TE_HELPERS = ("te_general_gemm", "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss",
+                  "fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                  "fused_sort_chunks_by_index_with_probs", "fused_topk_with_score_function",
+                  "fused_unpermute")
+
+
+def bind_missing_moe_helpers() -> None:
+    """Give every TE helper megatron's MoE code reads a name (None: megatron's own fallback)
+    where this release left it unbound."""
+    from megatron.core.transformer.moe import moe_utils
+
+    for name in MOE_TE_HELPERS:
+        if not hasattr(moe_utils, name):
+            setattr(moe_utils, name, None)

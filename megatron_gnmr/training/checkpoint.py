@@ -37,7 +37,7 @@ import torch
 from megatron.core import tensor_parallel
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.platform import device
+from megatron_gnmr.platform import device, device_audit
 from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.training.faults import NO_FAULTS
 from megatron_gnmr.training.safe_state import from_plain, to_plain
@@ -326,7 +326,9 @@ def load_shard(directory: Path) -> dict:
         raise UserError(f"--load {directory}: {path.name} is missing (was it written with a "
                         "different number of processes?)")
     try:
-        return from_plain(torch.load(path, map_location="cpu", weights_only=True))
+        shard = from_plain(torch.load(path, map_location="cpu", weights_only=True))
     except Exception as error:  # truncated, corrupt or not data-only: torch raises many types
         raise UserError(f"--load {directory}: {path.name} cannot be read as a checkpoint "
                         f"({type(error).__name__}); load an older checkpoint") from None
+    device_audit.mark_restored(shard)  # read to the host: it must move to the run's device
+    return shard

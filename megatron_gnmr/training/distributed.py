@@ -12,11 +12,12 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 
 from megatron_gnmr.config import RunConfig
-from megatron_gnmr.platform import apply_cpu_patches, device
+from megatron_gnmr.platform import apply_cpu_patches, device, megatron_compat
 
 
 def initialize(config: RunConfig) -> None:
     """Start torch.distributed (also for a single process) and megatron's parallel state."""
+    megatron_compat.bind_missing_moe_helpers()  # any machine without TE, CUDA or not
     apply_cpu_patches()
     if not torch.distributed.is_initialized():
         backend = device.distributed_backend()

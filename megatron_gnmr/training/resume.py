@@ -17,6 +17,7 @@ import torch
 
 from megatron_gnmr.data.indexed import dataset_fingerprint
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.platform import device_audit
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.finetune import adapter_state, load_adapters
@@ -121,7 +122,19 @@ class RunCheckpoints:
             trainer.controller.load_state_dict(shard["controller"])
             trainer.monitors.load_state_dict(shard["monitors"])
             checkpoint.set_rng_state(shard["rng"])
+            _check_restored_devices(trainer)
         except (KeyError, ValueError, RuntimeError, TypeError, AssertionError) as error:
             first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
             raise UserError(f"--load {directory}: the shard does not fit this run "
                             f"({type(error).__name__}: {first_line})") from None
+
+
+def _check_restored_devices(trainer) -> None:
+    """Under the device audit: every tensor restored into the run's live state has left the
+    host (what a GPU run needs; `platform/device_audit.py`)."""
+    optimizers = getattr(trainer.optimizer, "chained_optimizers", [trainer.optimizer])
+    device_audit.check_restored("the model", [chunk.state_dict() for chunk in trainer.model])
+    device_audit.check_restored("the optimizer", [dict(getattr(o, "optimizer", o).state)
+                                                  for o in optimizers])
+    device_audit.check_restored("the monitors", trainer.monitors.state_dict())
+    device_audit.check_restored("the controller", trainer.controller.state_dict())

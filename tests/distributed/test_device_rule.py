@@ -31,13 +31,18 @@ def test_every_collective_and_optimizer_tensor_is_on_the_run_device(tmp_path, mo
     """The three layouts in one torchrun launch, audited throughout."""
     prefix = tmp_path / "audit"
     monkeypatch.setenv("MEGATRON_GNMR_DEVICE_AUDIT", str(prefix))
-    run_batch([[*RUN, *flags, "--save", str(tmp_path / name)] for name, flags in
-               LAYOUTS.items()], nproc=2)
+    # and a TP=2 run stopped at step 2 and resumed: every restored tensor (the attention
+    # monitor's weight snapshots among them) must leave the host
+    resumed = [*RUN, *LAYOUTS["tp2_fp8_probes"], "--save", str(tmp_path / "resumed")]
+    run_batch([*([*RUN, *flags, "--save", str(tmp_path / name)] for name, flags in
+                 LAYOUTS.items()),
+               [*resumed, "--exit-interval", "2"], [*resumed, "--resume", "auto"]], nproc=2)
     for report in audit_reports(prefix):
         assert report["violations"] == []
         # The audit saw the traffic it vouches for.
         assert report["checked"]["collective_tensors"] > 100
         assert report["checked"]["optimizer_parameters"] > 0
+        assert report["checked"]["restored_tensors"] > 10
 
 
 AUDIT_CATCHES = textwrap.dedent("""
@@ -57,12 +62,19 @@ AUDIT_CATCHES = textwrap.dedent("""
     moved = torch.nn.Linear(4, 4).to(device.run_device())
     for module in (host, moved):
         torch.optim.SGD(module.parameters(), lr=0.1).step()
+    from megatron_gnmr.platform import device_audit
+    shard = {"w": torch.ones(3, 3), "step": torch.tensor(1.0)}     # as read from a checkpoint
+    device_audit.mark_restored(shard)
+    device_audit.check_restored("a state", {"kept": shard["w"].clone(),  # left on the host
+                                            "moved": shard["w"].to(device.run_device()),
+                                            "step": shard["step"]})  # 0-dim: may stay
 """)
 
 
 def test_the_audit_flags_host_tensors_and_host_parameters(tmp_path):
-    """The audit itself can fail: host tensors in a collective and an optimizer over a
-    module that was never moved are each recorded; device tensors are not."""
+    """The audit itself can fail: host tensors in a collective, an optimizer over a module
+    that was never moved and restored state left on the host are each recorded; device
+    tensors are not."""
     prefix = tmp_path / "audit"
     result = subprocess.run([sys.executable, "-c", AUDIT_CATCHES, str(prefix)], cwd=REPO,
                             capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
@@ -71,5 +83,7 @@ def test_the_audit_flags_host_tensors_and_host_parameters(tmp_path):
     what = [v["what"] for v in report["violations"]]
     assert what == ["host tensor (3,) torch.float64 in torch.distributed.all_reduce",
                     "host tensor (2,) torch.float32 in torch.distributed.all_reduce",
-                    "host parameter (4, 4) in SGD.step", "host parameter (4,) in SGD.step"]
-    assert report["checked"] == {"collective_tensors": 3, "optimizer_parameters": 4}
+                    "host parameter (4, 4) in SGD.step", "host parameter (4,) in SGD.step",
+                    "host tensor (3, 3) torch.float32 restored into a state"]
+    assert report["checked"] == {"collective_tensors": 3, "optimizer_parameters": 4,
+                                 "restored_tensors": 3}
