@@ -202,3 +202,17 @@ def test_fused_norm_weights_stay_out_of_the_unit(megatron_world):
     stats = GradStats(registry, [module]).compute()
     assert stats.unit_norms.tolist() == [2.0]
     assert stats.total_norm == pytest.approx((4.0 + 36.0) ** 0.5)
+
+
+def test_gradient_accumulation_fusion_with_te_needs_apex_for_the_output_layer(fake_gpu,
+                                                                              monkeypatch):
+    """TE's linears fuse the accumulation themselves, but megatron's output layer is a plain
+    ColumnParallelLinear in the TE spec too, and it refuses to build without apex's
+    fused_weight_gradient_mlp_cuda: refused up front, not at the model build."""
+    fake_gpu(HOPPER)
+    monkeypatch.setattr(capabilities, "_apex_fused_wgrad", lambda: False)
+    message = error(["--gradient-accumulation-fusion"])
+    assert message.startswith("--gradient-accumulation-fusion: the output layer")
+    assert "fused_weight_gradient_mlp_cuda" in message
+    monkeypatch.setattr(capabilities, "_apex_fused_wgrad", lambda: True)
+    check(["--gradient-accumulation-fusion"])

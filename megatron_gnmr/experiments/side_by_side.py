@@ -19,6 +19,8 @@ def train_side_by_side(variants: dict[str, list[str]], steps: int,
                        warmup: int = 3) -> dict[str, SideBySideRun]:
     """Train each variant (a list of pretrain flags) for `warmup + steps` steps, monitors
     included, all from the same seed; returns their step times and losses."""
+    import torch
+
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.platform.device import has_accelerator
     from megatron_gnmr.training import distributed
@@ -36,15 +38,11 @@ def train_side_by_side(variants: dict[str, list[str]], steps: int,
         for name in rotation:
             run = runs[name]
             if has_accelerator():
-                import torch
-
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            if run.trainer.monitors is not None:
-                run.trainer.monitors.before_step(step + 1)
-            metrics = run.trainer.train_step(step)
-            if run.trainer.monitors is not None:
-                run.trainer.monitors.after_step(step + 1)
+            metrics = run.trainer.train_step(step)  # the monitors' check and decision included
+            if has_accelerator():  # the optimizer's work ends on the device, not at return
+                torch.cuda.synchronize()
             if step >= warmup:
                 run.seconds.append(time.perf_counter() - start)
             run.losses.append(metrics["train/loss"])

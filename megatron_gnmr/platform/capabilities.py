@@ -91,17 +91,25 @@ def te_recipe(fp8_recipe: str) -> Capability:
 def gradient_accumulation_fusion(te_layers: bool) -> Capability:
     """Whether weight gradients can be accumulated into `main_grad` inside the GEMM: TE's
     linears do it themselves; megatron's local linears need apex's CUDA extension
-    `fused_weight_gradient_mlp_cuda`."""
+    `fused_weight_gradient_mlp_cuda`, and so does the output layer of every GPTModel (a plain
+    ColumnParallelLinear, also in the TE spec), which refuses to build without it."""
     if not cuda():
         return Capability(False, f"the fused accumulation is a CUDA kernel: {cuda().reason}")
-    if te_layers:
+    if te_layers and not transformer_engine():
         return transformer_engine()
+    if not _apex_fused_wgrad():
+        where = "the output layer (megatron's plain ColumnParallelLinear, also with TE layers)" \
+            if te_layers else "megatron's local linears"
+        return Capability(False, f"{where} needs apex's fused_weight_gradient_mlp_cuda "
+                                 "extension, not installed")
+    return Capability(True, "apex fused_weight_gradient_mlp_cuda"
+                      + (" and Transformer Engine's linears" if te_layers else ""))
+
+
+def _apex_fused_wgrad() -> bool:
     import importlib.util
 
-    if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
-        return Capability(False, "megatron's local linears need apex's "
-                                 "fused_weight_gradient_mlp_cuda extension, not installed")
-    return Capability(True, "apex fused_weight_gradient_mlp_cuda")
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 
 def report() -> list[tuple[str, Capability]]:

@@ -203,7 +203,10 @@ class Trainer:
             decoder_seq_length=self.config.model.seq_length, forward_only=forward_only)
 
     def train_step(self, step: int) -> dict:
-        """Optimizer step number `step + 1` (reads the data of 0-based index `step`)."""
+        """Optimizer step number `step + 1` (reads the data of 0-based index `step`), the
+        monitors' check of the weights it leaves, and the controller's plan for the next step
+        (after the check, so an alarm raised at it already acts on the next step)."""
+        self.monitors.before_step(step + 1)
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -220,8 +223,10 @@ class Trainer:
             self._nonfinite(step + 1, outcome.nonfinite)
         else:
             self.state.nonfinite_streak = 0
+        self._run_monitors(step + 1)
         return {"train/loss": loss, "train/grad_norm": outcome.grad_norm,
-                "train/skipped": int(not applied)}
+                "train/skipped": int(not applied),
+                **self.controller.decide(step + 1, self.monitors.alarmed())}
 
     def _nonfinite(self, step: int, names: tuple[str, ...]) -> None:
         """A NaN/Inf: reported, never applied. With the controller the unit runs the recovery
@@ -289,7 +294,6 @@ class Trainer:
         tokens_per_step = t.global_batch_size * self.config.model.seq_length
         while self.state.step < t.train_iters:
             step = self.state.step + 1
-            self.monitors.before_step(step)
             start = time.perf_counter()
             try:
                 metrics = self.train_step(self.state.step)
@@ -302,10 +306,6 @@ class Trainer:
                             "train/tokens_per_s": tokens_per_step / elapsed,
                             "train/ppl": math.exp(min(metrics["train/loss"], 50.0))})
             self.state.last_loss = metrics["train/loss"]
-            # The monitors check the updated weights, then the controller decides step + 1's
-            # plan, so an alarm raised at this check already acts on the next step.
-            self._run_monitors(step)
-            metrics.update(self.controller.decide(step, self.monitors.alarmed()))
             if step % t.log_interval == 0 or step == t.train_iters:
                 self.logger.log(step, metrics)
             self._log_timeline_image(step)
