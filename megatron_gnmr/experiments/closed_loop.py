@@ -109,6 +109,7 @@ def _mean_std(values) -> str:
 def variant_rows(table: dict[str, dict[int, dict]]) -> list[dict]:
     uncontrolled = table.get(UNCONTROLLED, {})
     exact = table.get(EXACT, {})
+    twin = table.get(TWIN, {})
     rows = []
     for variant, runs in table.items():
         leads = [uncontrolled[seed]["diverged_at"] - run["first_recovery"]
@@ -118,6 +119,10 @@ def variant_rows(table: dict[str, dict[int, dict]]) -> list[dict]:
                 for seed, run in runs.items() if run["diverged_at"] is None
                 and run["steps"] == exact.get(seed, {}).get("steps")]
         shares = [r["recovered_unit_step_share"] for r in runs.values()]
+        # every --gnmr variant runs its twin's code path, step for step, until its first
+        # recovery: where the twin died, did this run live?
+        twin_died = [seed for seed in runs if twin.get(seed, {}).get("diverged_at") is not None]
+        saved = [seed for seed in twin_died if runs[seed]["diverged_at"] is None]
         rows.append({
             "variant": variant,
             "diverged": f"{sum(r['diverged_at'] is not None for r in runs.values())} / "
@@ -129,6 +134,8 @@ def variant_rows(table: dict[str, dict[int, dict]]) -> list[dict]:
             "recovery before uncontrolled divergence": f"{sum(lead > 0 for lead in leads)} / "
                                                        f"{len(leads)} (median lead "
                                                        f"{_median(leads)})" if leads else "-",
+            "saved where its no-budget twin diverged": f"{len(saved)} / {len(twin_died)}"
+            if twin_died and variant not in (TWIN, UNCONTROLLED, EXACT) else "-",
             "unit-steps (= attention FLOPs) recovered":
                 f"{100 * statistics.fmean(shares):.1f}%",
             "final loss gap to exact (runs that did not diverge)": _mean_std(gaps),
