@@ -285,7 +285,8 @@ IN_PROCESS = {
     # a recipe's option given to another recipe (it would be ignored)
     "nvfp4_option_elsewhere": (["--precision-recipe", "fp8-emulated", "--no-nvfp4-hadamard"],
                                "--no-nvfp4-hadamard applies to --precision-recipe nvfp4"),
-    "int_bits_without_w8a8": (["--int-activation-bits", "4"], "--int-activation-bits"),
+    "int_bits_without_w8a8": (["--precision-recipe", "fp8-emulated", "--int-activation-bits",
+                               "4"], "--int-activation-bits"),
     "fp8_recipe_for_deepseek": (["--precision-recipe", "deepseek", "--fp8-recipe",
                                  "blockwise"], "--fp8-recipe"),
     "act_quant_option_elsewhere": (["--precision-recipe", "nvfp4", "--act-quant-bits", "3"],

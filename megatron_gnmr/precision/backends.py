@@ -118,9 +118,12 @@ def build_recipe(precision) -> recipes.Recipe | None:
 
 def inapplicable_options(precision) -> list[str]:
     """The recipe options set away from their default that the run's backend does not read
-    (`fp8_format`, ... as field names), in field order."""
+    (`fp8_format`, ... as field names), in field order. With `none` nothing is quantized and
+    every option is inert: a baseline switches the recipe off without editing its config."""
     import dataclasses
 
+    if precision.precision_recipe == "none":
+        return []
     chosen = backend(precision)
     others = {name for entry in BACKENDS.values() for name in entry.options} - \
         set(chosen.options)
