@@ -37,7 +37,7 @@ def test_the_table_by_hand():
     assert rows["no-control"]["diverged"] == "3 / 3"
 
 
-def test_every_variant_of_the_closed_loop_scenario_is_a_valid_run():
+def test_every_variant_of_the_closed_loop_scenario_is_a_valid_run(tmp_path):
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.experiments.scenario import load_scenario
     from megatron_gnmr.validation import validate
@@ -45,8 +45,8 @@ def test_every_variant_of_the_closed_loop_scenario_is_a_valid_run():
     scenario = load_scenario("attention_closed_loop")
     assert len(scenario.seeds) >= 8
     for variant, seed, flags in scenario.runs(smoke=False):
-        config = parse_config(flags)
-        validate(config, world_size=1)
+        config = parse_config([*flags, "--save", str(tmp_path / f"{variant}-{seed}")])
+        validate(config, world_size=1)  # (reproduce gives each run its --save)
         assert config.training.stop_on_divergence
         assert config.precision.attention_precision == "fp8"
         if config.gnmr.enabled:  # the same budget bound and units for every rule
