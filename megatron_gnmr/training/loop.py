@@ -47,12 +47,12 @@ from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite, NoMonitors
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.platform.device import run_device, to_run_device
-from megatron_gnmr.precision.backends import backend as precision_backend
 from megatron_gnmr.precision.attention_fault import (
     EmulatedFlashAttention,
     FaultSchedule,
     bind_attention,
 )
+from megatron_gnmr.precision.backends import backend as precision_backend
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.precision_config_file import kept_high
 from megatron_gnmr.precision.probes import build_probes
