@@ -162,6 +162,31 @@ def parse_split(split: str) -> list[float]:
     return weights
 
 
+def validate_static_recovery(config: RunConfig) -> None:
+    """--precision-recovery-gemms and --first-last-layers-bf16 (and its two counts)."""
+    from megatron_gnmr.precision.backends import backend
+    from megatron_gnmr.precision.paths import GEMM_ROLES
+
+    precision = config.precision
+    roles = precision.precision_recovery_gemms.split(",")
+    if not roles or any(role not in GEMM_ROLES for role in roles) or \
+            len(set(roles)) != len(roles):
+        raise UserError(f"--precision-recovery-gemms {precision.precision_recovery_gemms!r}: "
+                        f"give a comma list of distinct GEMMs from {', '.join(GEMM_ROLES)}")
+    if set(roles) != set(GEMM_ROLES) and not backend(precision).per_gemm_recovery:
+        raise UserError(f"--precision-recovery-gemms {precision.precision_recovery_gemms}: "
+                        f"--precision-recipe {precision.precision_recipe} switches a unit's "
+                        "GEMMs together; per-GEMM recovery needs an emulated recipe")
+    for flag in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+        value = getattr(precision, flag)
+        if not 0 <= value <= config.model.num_layers:
+            raise UserError(f"--{flag.replace('_', '-')} {value}: use 0 to --num-layers "
+                            f"({config.model.num_layers})")
+    if precision.first_last_layers_bf16 and precision.precision_recipe == "none":
+        raise UserError("--first-last-layers-bf16 needs a --precision-recipe: without one "
+                        "every layer already runs in the run's precision")
+
+
 def validate_precision(config: RunConfig) -> None:
     from megatron_gnmr.precision.backends import backend, build_recipe
 
@@ -182,9 +207,10 @@ def validate_precision(config: RunConfig) -> None:
                         f"{' or '.join(users)} only; this run uses "
                         f"{precision.precision_recipe}, which would ignore it")
     validate_attention_precision(config)
+    validate_static_recovery(config)
     if precision.precision_config_file:
         from megatron_gnmr.controller.units import UnitShape
-        from megatron_gnmr.precision.precision_config_file import kept_high
+        from megatron_gnmr.precision.kept_high import kept_high
 
         if precision.precision_recipe == "none":
             raise UserError("--precision-config-file needs a --precision-recipe: without one "

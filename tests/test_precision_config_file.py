@@ -265,7 +265,28 @@ def test_calibrate_command_writes_the_config(tmp_path, capsys):
     from megatron_gnmr.cli import main
 
     _trace(tmp_path, [[0.1, 0.5, 0.2, 0.0], [0.3, 0.3, 0.2, 0.0]])
-    main(["calibrate", str(tmp_path), "--budget", "0.5"])
+    main(["calibrate", str(tmp_path), "--budget", "0.5", "--budget-in", "units"])
     out = tmp_path / "precision_config.yaml"
     assert pcf.high_precision_units(str(out), UNITS[:4]) == [UNITS[0], UNITS[1]]
-    assert "keeping 2 (50.0%) in BF16" in capsys.readouterr().out
+    assert "keeping 2 (50.0% of the units) in BF16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gemms, kept", [("fprop,dgrad,wgrad", [0, 1]), ("wgrad", [0, 1, 2])])
+def test_calibrate_fills_a_flop_budget_by_damage(tmp_path, capsys, gemms, kept):
+    """2 layers x 64, ffn 176, 4 heads, 2 groups: by hand a layer's qkv, proj, fc1, fc2 are
+    8192, 4096, 22528, 11264 MACs per token, so of the whole model 8.9%, 4.4%, 24.4% and
+    12.2% (a third of that for their wgrad alone). Damage ranks proj, qkv, fc1, fc2; 15% of
+    the FLOPs buys proj + qkv (13.3%; fc1 and fc2 do not fit), or with wgrad alone proj, qkv
+    and fc1 (12.6%; fc2 would make 16.7%)."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.cli import main
+
+    config = parse_config(["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size",
+                           "176", "--num-attention-heads", "4", "--num-query-groups", "2"])
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    _trace(tmp_path, [[0.1, 0.5, 0.2, 0.0], [0.3, 0.3, 0.2, 0.0]])
+    main(["calibrate", str(tmp_path), "--budget", "0.15", "--gemms", gemms])
+    out = tmp_path / "precision_config.yaml"
+    assert pcf.high_precision_units(str(out), UNITS[:4]) == [UNITS[i] for i in kept]
+    share = "13.3%" if len(kept) == 2 else "12.6%"
+    assert f"keeping {len(kept)} ({share} of the flops)" in capsys.readouterr().out

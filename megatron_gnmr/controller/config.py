@@ -50,6 +50,10 @@ class GNMRConfig:
     """Recovery budget as a share of unit-steps (0: none beyond max_o): a token bucket gains
     budget_rate x units per step (holding at most max_o) and each selected unit spends one,
     so rules compared at one budget_rate spend at most the same unit-steps."""
+    budget_in: str = "units"
+    """What budget_rate (and max_o's cap on the bucket) is counted in: `units` (each selected
+    unit spends one) or `flops` (each spends its GEMM FLOPs on the recovery path, as a share
+    of all units': fc1 spends about twice fc2; precision/unit_costs.py)."""
     alpha_schedule: Sequence = field(default=())
     """Optional piecewise-constant schedule for alpha: ((from_step, alpha), ...) or "1:3,500:2"."""
     beta_schedule: Sequence = field(default=())
@@ -85,6 +89,8 @@ class GNMRConfig:
             raise ValueError(f"gnmr.eps must be > 0, got {self.eps!r}")
         if not (isinstance(self.budget_rate, (int, float)) and 0 <= self.budget_rate <= 1):
             raise ValueError(f"gnmr.budget_rate must be in [0, 1], got {self.budget_rate!r}")
+        if self.budget_in not in ("units", "flops"):
+            raise ValueError(f"gnmr.budget_in must be units or flops, got {self.budget_in!r}")
         self.budget(1)  # validates max_o
 
     def budget(self, num_units: int) -> int:

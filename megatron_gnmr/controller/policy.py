@@ -40,12 +40,22 @@ class Decision:
 class GNMRPolicy:
     """GNMR / Delta-GNMR scoring with a hard budget `max_o` and a lock against thrashing."""
 
-    def __init__(self, config: GNMRConfig, num_units: int):
+    def __init__(self, config: GNMRConfig, num_units: int, unit_costs=None):
+        """`unit_costs`: what each unit spends of the budget when selected, scaled so that all
+        of the model's units together cost `num_units` (`precision/unit_costs.py`); read when
+        `config.budget_in` is `flops`, else every unit costs one."""
         if num_units < 0:
             raise ValueError(f"num_units must be >= 0, got {num_units}")
         self.config = config
         self.num_units = num_units
         self.max_o = config.budget(num_units)
+        self.costs = None
+        if config.budget_in == "flops":
+            if unit_costs is None:
+                raise ValueError("a budget in flops needs the units' costs")
+            self.costs = np.asarray(unit_costs, dtype=np.float64).reshape(-1)
+            if self.costs.shape != (num_units,) or not np.all(self.costs > 0):
+                raise ValueError(f"expected {num_units} unit costs > 0")
         n, delta = num_units, config.delta
         self.t = 0
         self.norm_sum = np.zeros(n, dtype=np.float64)
@@ -60,6 +70,7 @@ class GNMRPolicy:
         self.switches = 0
         self._recovery = np.zeros(n, dtype=bool)
         self.tokens = 0.0  # the budget_rate bucket
+        self.recovery_cost_steps = 0.0  # the selected units' costs, summed over steps
 
     def _affordable(self) -> int:
         """Units this step may select: max_o, and with a budget_rate the bucket's tokens."""
@@ -68,6 +79,33 @@ class GNMRPolicy:
         self.tokens = min(self.tokens + self.config.budget_rate * self.num_units,
                           float(self.max_o))
         return min(self.max_o, int(self.tokens + 1e-9))
+
+    def _select(self, candidates: np.ndarray, risk: np.ndarray) -> np.ndarray:
+        """The candidates to recover, and the bucket charged for them."""
+        if self.costs is None:
+            selected = _highest_risk(candidates, risk, self._affordable())
+            self.tokens -= selected.size
+            self.recovery_cost_steps += selected.size
+            return selected
+        # In FLOPs: by risk, highest first (ties to the lower index), each candidate the
+        # bucket can still pay for, at most max_o of them. The bucket holds up to max_o of
+        # the costliest units, so every unit is affordable in time.
+        if self.config.budget_rate:
+            self.tokens = min(self.tokens + self.config.budget_rate * self.num_units,
+                              self.max_o * float(self.costs.max(initial=1.0)))
+        else:
+            self.tokens = np.inf
+        chosen = []
+        for unit in candidates[np.lexsort((candidates, -risk))]:
+            if len(chosen) == self.max_o:
+                break
+            if self.costs[unit] <= self.tokens + 1e-9:
+                chosen.append(unit)
+                self.tokens -= self.costs[unit]
+                self.recovery_cost_steps += self.costs[unit]
+        if not self.config.budget_rate:
+            self.tokens = 0.0
+        return np.sort(np.asarray(chosen, dtype=candidates.dtype))
 
     def step(self, norms, other_risk=None, use_gnmr: bool = True) -> Decision:
         """Score this step's per-unit gradient norms and choose the next recovery set.
@@ -109,8 +147,7 @@ class GNMRPolicy:
         risk[~finite] = np.inf
 
         candidates = np.flatnonzero(risky | (self.locks > 0))
-        selected = _highest_risk(candidates, risk[candidates], self._affordable())
-        self.tokens -= selected.size
+        selected = self._select(candidates, risk[candidates])
 
         in_selection = np.zeros(self.num_units, dtype=bool)
         in_selection[selected] = True
@@ -180,11 +217,13 @@ class GNMRPolicy:
             "recovery_sparsity": self.recovery_unit_steps / eligible,
             "exceedance_rate": self.risky_unit_steps / eligible,
             "switches_per_1k_steps": 1000.0 * self.switches / max(self.t, 1),
+            # with costs in FLOPs: the share of all units' GEMM FLOPs recovered by this rule
+            "recovery_cost_share": self.recovery_cost_steps / eligible,
         }
 
     _ARRAYS = ("norm_sum", "norm_count", "gnmr_count", "locks", "_recovery")
     _COUNTERS = ("t", "eligible_unit_steps", "recovery_unit_steps", "risky_unit_steps", "switches")
-    _FLOATS = ("tokens",)
+    _FLOATS = ("tokens", "recovery_cost_steps")
 
     def state_dict(self) -> dict:
         state = {name: getattr(self, name).copy() for name in self._ARRAYS}

@@ -38,7 +38,7 @@ from megatron_gnmr.controller.trace import Trace, iter_gaps, read_trace
 from megatron_gnmr.errors import UserError
 
 SWEEPABLE = {"alpha": float, "beta": float, "delta": int, "max_o": None, "t_lock": int,
-             "warmup": int, "budget_rate": float}
+             "warmup": int, "budget_rate": float, "budget_in": str}
 SIGNAL_SWEEPABLE = {"signals": str, "qerr_baseline": str, "qerr_ratio": float}
 
 
@@ -89,7 +89,10 @@ def replay(trace: Trace, config: GNMRConfig, show_progress: bool = False,
            signal_settings: dict | None = None) -> ReplayResult:
     settings = {**trace.signal_settings, **(signal_settings or {})}
     names, signals = _signals(trace, settings)
-    policy = GNMRPolicy(config, len(trace.units))
+    if config.budget_in == "flops" and trace.unit_costs is None:
+        raise UserError("replay: a budget in flops needs the units' costs, which this trace "
+                        "does not record (recorded by runs of this version)")
+    policy = GNMRPolicy(config, len(trace.units), trace.unit_costs)
     counts: Counter[int] = Counter()
     decisions = []
     rows = tqdm(range(len(trace.steps)), desc="replay", unit="step",

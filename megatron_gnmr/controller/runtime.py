@@ -51,7 +51,7 @@ class Controller:
                  model_chunks: list[torch.nn.Module], plan: PrecisionPlan, group=None,
                  expert_parallel: bool = False, probes=None, seed: int = 0,
                  clip_grad: float = 0.0, faults=None, sharded_gradients: bool = False,
-                 attention_sums=None):
+                 attention_sums=None, unit_costs=None):
         self.config = config
         self.clip_grad = clip_grad
         self.faults = faults  # test-only hooks (training.faults.FaultHooks), or None
@@ -59,7 +59,8 @@ class Controller:
         self.grad_stats = GradStats(registry, model_chunks, group, expert_parallel, probes,
                                     sharded=sharded_gradients, attention_sums=attention_sums)
         self.stats: StepGradStats | None = None  # this step's, between the two calls
-        self.policy = GNMRPolicy(config.policy_config(), registry.num_units)
+        self.unit_costs = unit_costs  # what each unit spends of a budget in FLOPs
+        self.policy = GNMRPolicy(config.policy_config(), registry.num_units, unit_costs)
         self.signal_names = parse_signals(config.signals)
         self.signal_settings = config.signal_settings(seed)
         self.signals = build_signals(self.signal_names, registry.names, self.signal_settings)
@@ -74,7 +75,8 @@ class Controller:
 
     def open_trace(self, run_dir: str, resume_step: int) -> None:
         self.trace = TraceWriter(Path(run_dir) / "gnmr_trace.jsonl", self.registry.names,
-                                 self.config.policy_config(), resume_step, self.signal_settings)
+                                 self.config.policy_config(), resume_step, self.signal_settings,
+                                 self.unit_costs)
 
     @property
     def unit_names(self) -> list[str]:
@@ -184,6 +186,7 @@ class Controller:
             "gnmr/pool_size": decision.pool_size,
             "gnmr/risky_units": int(decision.risky.sum()),
             "gnmr/recovery_sparsity": summary["recovery_sparsity"],
+            "gnmr/recovery_cost_share": summary["recovery_cost_share"],
             "gnmr/exceedance_rate": summary["exceedance_rate"],
             "gnmr/switches_per_1k_steps": summary["switches_per_1k_steps"],
             "gnmr/max_gnmr": float(finite_gnmr.max()) if finite_gnmr.size else float("nan"),

@@ -41,7 +41,7 @@ FORMAT = 2  # the header's "format": records observations (qerr, oracle, alarmed
 
 class TraceWriter:
     def __init__(self, path: Path, unit_names: list[str], config: GNMRConfig, resume_step: int,
-                 signal_settings: dict):
+                 signal_settings: dict, unit_costs: list[float] | None = None):
         self.path = path
         if path.exists() and resume_step == 0:  # a fresh start: another run's trace goes
             path.unlink()
@@ -52,7 +52,8 @@ class TraceWriter:
         self.file = path.open("a", buffering=1)
         if new:
             header = {"type": "header", "format": FORMAT, "units": unit_names,
-                      "config": dataclasses.asdict(config), "signal_settings": signal_settings}
+                      "config": dataclasses.asdict(config), "signal_settings": signal_settings,
+                      **({"unit_costs": unit_costs} if unit_costs is not None else {})}
             self.file.write(json.dumps(header) + "\n")
 
     def write(self, decision: Decision, observed: dict | None = None) -> None:
@@ -82,6 +83,8 @@ class Trace:
     """Per step, the unit-name prefixes under a firing monitor alarm (when recorded)."""
     signal_settings: dict
     """How the live run scored its signals (`GNMRRunConfig.signal_settings`)."""
+    unit_costs: np.ndarray | None = None
+    """What each unit spends of a budget in FLOPs (`GNMRPolicy`), when recorded."""
 
 
 def read_trace(path: str) -> Trace:
@@ -119,7 +122,9 @@ def read_trace(path: str) -> Trace:
                  np.asarray(norms, dtype=np.float64).reshape(len(steps), units), recovery,
                  {name: np.asarray(rows, dtype=np.float64).reshape(-1, units)
                   for name, rows in arrays.items() if len(rows) == len(steps)},
-                 alarmed if len(alarmed) == len(steps) else None, header["signal_settings"])
+                 alarmed if len(alarmed) == len(steps) else None, header["signal_settings"],
+                 np.asarray(header["unit_costs"], dtype=np.float64)
+                 if "unit_costs" in header else None)
 
 
 def iter_gaps(steps: list[int]) -> Iterator[int]:

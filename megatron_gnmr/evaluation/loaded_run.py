@@ -19,7 +19,7 @@ from megatron_gnmr.errors import UserError
 from megatron_gnmr.model import bind_precision, build_model
 from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.precision.plan import PrecisionPlan
-from megatron_gnmr.precision.precision_config_file import kept_high
+from megatron_gnmr.precision.kept_high import kept_high
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.finetune import load_adapters, load_weights, recorded_base
 from megatron_gnmr.training.resume import load_model_state

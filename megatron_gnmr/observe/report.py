@@ -75,7 +75,7 @@ def load_run(run_dir: str) -> RunLog:
     trace = read_trace(str(trace_path))
     known = {f for f in GNMRConfig.__dataclass_fields__}
     config = GNMRConfig(**{k: v for k, v in trace.config.items() if k in known})
-    policy = GNMRPolicy(config, len(trace.units))
+    policy = GNMRPolicy(config, len(trace.units), trace.unit_costs)
     gnmr = np.array([policy.step(row).gnmr for row in trace.norms]).reshape(
         len(trace.steps), len(trace.units))
     recovery = np.zeros((len(trace.steps), len(trace.units)), dtype=bool)

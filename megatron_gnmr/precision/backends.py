@@ -36,6 +36,9 @@ class Backend:
     options: tuple[str, ...] = ()
     """The PrecisionConfig fields it reads; another backend's, set away from their default,
     are refused (`inapplicable_options`)."""
+    per_gemm_recovery: bool = True
+    """A unit's fprop, dgrad and wgrad GEMMs can take the recovery path one by one
+    (`--precision-recovery-gemms`; the emulated kernels)."""
 
 
 def _te_spec(num_experts):
@@ -93,11 +96,13 @@ BACKENDS = {
     "w8a8": Backend(recipes.w8a8, experts=True,
                     options=("int_weight_bits", "int_activation_bits")),
     "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate,
-                           start_note=_torchao_start_note, options=FP8_OPTIONS),
+                           start_note=_torchao_start_note, options=FP8_OPTIONS,
+                           per_gemm_recovery=False),
     # Our --fp8-format / --fp8-recipe values are megatron's own.
     "te-fp8": Backend(recipe=None, layer_spec=_te_spec, validate=_te_validate,
                       megatron_fields=lambda p: {"fp8": p.fp8_format, "fp8_recipe": p.fp8_recipe},
-                      probes=False, experts=True, options=FP8_OPTIONS),
+                      probes=False, experts=True, options=FP8_OPTIONS,
+                      per_gemm_recovery=False),
 }
 
 

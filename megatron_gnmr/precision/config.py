@@ -34,6 +34,18 @@ class PrecisionConfig:
     """Megatron's --te-precision-config-file YAML: the units whose module it keeps in BF16
     run the recovery path in every step (precision/precision_config_file.py); write one with
     `megatron-gnmr calibrate`."""
+    precision_recovery_gemms: str = "fprop,dgrad,wgrad"
+    """Which GEMMs of a unit on the recovery path run it (comma list of fprop, dgrad, wgrad;
+    the others stay on the low-cost path): `wgrad` buys a unit's weight-gradient GEMM alone,
+    a third of its FLOPs; with `--precision-static recovery` it is Megatron's `--fp8-wgrad
+    False` (emulated recipes)."""
+    first_last_layers_bf16: bool = False
+    """Megatron's --first-last-layers-bf16: the unit linears of the first and last layers run
+    the recovery path in every step (how many: the two flags below)."""
+    num_layers_at_start_in_bf16: int = 1
+    """--first-last-layers-bf16: layers at the start kept high (Megatron's default 1)."""
+    num_layers_at_end_in_bf16: int = 1
+    """--first-last-layers-bf16: layers at the end kept high (Megatron's default 1)."""
     nvfp4_recovery: str = "bf16"
     """nvfp4: the recovery path, bf16 (exact here) or fp8 (fp8-emulated's E4M3/E5M2
     tensorwise path)."""

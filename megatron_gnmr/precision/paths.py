@@ -16,6 +16,12 @@ random Hadamard transform (`wgrad_input`, `wgrad_grad`, `hadamard_signs`):
 A path with every operand None is not emulated at all: such a unit runs megatron's own
 linear, so the recovery path of a BF16-recovery recipe is exactly the high-precision module.
 The backward always uses what its forward saved, so a unit's backward runs its forward's path.
+
+`RolePaths` runs each of a unit's three GEMMs (fprop, dgrad, wgrad) on a path of its own, as
+Transformer Engine's per-operand quantizers can: each GEMM quantizes its operands by its own
+path's specs, and an operand two GEMMs share (W_q between fprop and dgrad, dy_q between dgrad
+and wgrad, x_q between fprop and wgrad) is quantized once when their specs agree and twice
+when they differ. With the same path for all three it is the plain path, bit for bit.
 """
 
 from __future__ import annotations
@@ -55,6 +61,54 @@ class GemmPath:
     def is_exact(self) -> bool:
         return not (self.input or self.weight or self.grad or self.saved_input
                     or self.wgrad_input or self.wgrad_grad)
+
+
+GEMM_ROLES = ("fprop", "dgrad", "wgrad")
+
+
+@dataclass(frozen=True)
+class RolePaths:
+    """A unit's fprop, dgrad and wgrad GEMMs, each on its own path (emulated kernels only).
+
+    The operand attributes are those of the GEMM that computes the operand, so a probe reads
+    it like a `GemmPath`'s."""
+
+    fprop: GemmPath
+    dgrad: GemmPath
+    wgrad: GemmPath
+    kernel: str = "emulated"
+
+    @property
+    def name(self) -> str:
+        return "+".join(f"{role}:{getattr(self, role).name}" for role in GEMM_ROLES)
+
+    @property
+    def is_exact(self) -> bool:
+        return all(getattr(self, role).is_exact for role in GEMM_ROLES)
+
+    input = property(lambda self: self.fprop.input)
+    weight = property(lambda self: self.fprop.weight)
+    grad = property(lambda self: self.dgrad.grad)
+    saved_input = property(lambda self: self.wgrad.saved_input)
+    wgrad_input = property(lambda self: self.wgrad.wgrad_input)
+    wgrad_grad = property(lambda self: self.wgrad.wgrad_grad)
+    hadamard_signs = property(lambda self: self.wgrad.hadamard_signs)
+
+
+def mixed_path(low: GemmPath, recovery: GemmPath, recovered_roles) -> GemmPath | RolePaths:
+    """The path of a unit whose `recovered_roles` GEMMs run `recovery` and the rest `low`
+    (all three recovered: `recovery` itself)."""
+    roles = [recovery if role in recovered_roles else low for role in GEMM_ROLES]
+    if all(path is roles[0] for path in roles):
+        return roles[0]
+    if low.kernel != "emulated" or recovery.kernel != "emulated":
+        raise ValueError("per-GEMM recovery needs emulated kernels on both paths")
+    return RolePaths(*roles)
+
+
+def _roles(path) -> tuple[GemmPath, GemmPath, GemmPath]:
+    return (path.fprop, path.dgrad, path.wgrad) if isinstance(path, RolePaths) \
+        else (path, path, path)
 
 
 def _maybe(x: torch.Tensor, spec: QuantSpec | None, group, rows_split: bool = False):
@@ -101,13 +155,18 @@ class EmulatedLinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, path: GemmPath, allreduce_dgrad: bool, tp_group,
                 probe=None, parallel: str | None = None):
         k_split = parallel == "row"  # x and W split along K (N is split for "column")
-        x_q = _maybe(x, path.input, tp_group, k_split)
-        w_q = _maybe(weight, path.weight, tp_group, k_split)
-        saved = saved_for_weight_gradient(x, x_q, path, tp_group, k_split)
+        fprop, dgrad, wgrad = _roles(path)
+        x_q = _maybe(x, fprop.input, tp_group, k_split)
+        w_q = _maybe(weight, fprop.weight, tp_group, k_split)
+        # The dgrad and wgrad GEMMs' own operands, shared with the fprop's where they agree.
+        w_d = w_q if dgrad.weight == fprop.weight else _maybe(weight, dgrad.weight, tp_group,
+                                                               k_split)
+        x_w = x_q if wgrad.input == fprop.input else _maybe(x, wgrad.input, tp_group, k_split)
+        saved = saved_for_weight_gradient(x, x_w, wgrad, tp_group, k_split)
         if probe is not None:  # measures only: nothing below reads what it computes
             probe.forward_operands(x, weight, path, x_q, w_q, saved, tp_group)
         keep_exact = probe is not None and probe.oracle
-        ctx.save_for_backward(saved, w_q, x if keep_exact else None)
+        ctx.save_for_backward(saved, w_d, x if keep_exact else None)
         ctx.path, ctx.allreduce_dgrad, ctx.tp_group = path, allreduce_dgrad, tp_group
         ctx.has_bias, ctx.probe, ctx.n_split = bias is not None, probe, parallel == "column"
         out = torch.matmul(x_q, w_q.t())
@@ -115,13 +174,16 @@ class EmulatedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        saved, w_q, x_exact = ctx.saved_tensors
-        g_q = _maybe(grad_output, ctx.path.grad, ctx.tp_group, ctx.n_split)
-        grad_input = torch.matmul(g_q, w_q)
+        saved, w_d, x_exact = ctx.saved_tensors
+        _, dgrad, wgrad = _roles(ctx.path)
+        g_q = _maybe(grad_output, dgrad.grad, ctx.tp_group, ctx.n_split)
+        grad_input = torch.matmul(g_q, w_d)
         if ctx.allreduce_dgrad:  # column-parallel: the input was replicated across TP
             torch.distributed.all_reduce(grad_input, group=ctx.tp_group)
         # A frozen weight (the base of a LoRA fine-tune) gets no weight-gradient GEMM.
-        grad_weight = weight_gradient(grad_output, g_q, saved, ctx.path, ctx.tp_group) \
+        g_w = g_q if wgrad.grad == dgrad.grad else _maybe(grad_output, wgrad.grad,
+                                                          ctx.tp_group, ctx.n_split)
+        grad_weight = weight_gradient(grad_output, g_w, saved, wgrad, ctx.tp_group) \
             if ctx.needs_input_grad[1] else None
         grad_bias = g_q.reshape(-1, g_q.shape[-1]).sum(dim=0) if ctx.has_bias else None
         if ctx.probe is not None:

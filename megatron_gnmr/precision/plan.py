@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from megatron_gnmr.precision.paths import GEMM_ROLES, mixed_path
+
 
 @dataclass
 class PrecisionPlan:
@@ -41,15 +43,22 @@ class PrecisionPlan:
 
 
 class PrecisionRuntime:
-    """Answers a unit linear's question 'which path this step?' from recipe and plan."""
+    """Answers a unit linear's question 'which path this step?' from recipe and plan.
 
-    def __init__(self, recipe, plan: PrecisionPlan, probes=None):
+    A unit on the recovery path runs the recovery path in its `recovery_gemms` (all three
+    GEMMs by default; `--precision-recovery-gemms wgrad` keeps only the weight-gradient GEMM
+    high, like Megatron's `--fp8-wgrad False` for the units it recovers) and the low-cost path
+    in the others."""
+
+    def __init__(self, recipe, plan: PrecisionPlan, probes=None, recovery_gemms=GEMM_ROLES):
         self.recipe = recipe
         self.plan = plan
         self.probes = probes  # a ProbeBank when the controller measures the low path
+        self.recovered = None if recipe is None else \
+            mixed_path(recipe.low, recipe.recovery, frozenset(recovery_gemms))
 
     def probe_for(self, unit_name: str):
         return self.probes.probe(unit_name) if self.probes is not None else None
 
     def path_for(self, unit_name: str):
-        return self.recipe.recovery if self.plan.is_recovery(unit_name) else self.recipe.low
+        return self.recovered if self.plan.is_recovery(unit_name) else self.recipe.low

@@ -203,10 +203,3 @@ def write(path: str, units: list[str], note: str = "") -> None:
 def file_units(unit_names: list[str]) -> list[str]:
     """The units a precision config can address: the TE linears' (not a core attention)."""
     return [name for name in unit_names if not name.endswith(".core_attention")]
-
-
-def kept_high(precision, units: list[str]) -> frozenset[str]:
-    """The units a run's `--precision-config-file` keeps in BF16 (none without one)."""
-    if not precision.precision_config_file:
-        return frozenset()
-    return frozenset(high_precision_units(precision.precision_config_file, file_units(units)))

@@ -54,7 +54,8 @@ from megatron_gnmr.precision.attention_fault import (
 )
 from megatron_gnmr.precision.backends import backend as precision_backend
 from megatron_gnmr.precision.plan import PrecisionPlan
-from megatron_gnmr.precision.precision_config_file import kept_high
+from megatron_gnmr.precision.unit_costs import RecoveredShare
+from megatron_gnmr.precision.kept_high import kept_high
 from megatron_gnmr.precision.probes import build_probes
 from megatron_gnmr.training import checkpoint, run_directory
 from megatron_gnmr.training.consensus import on_every_rank
@@ -155,6 +156,8 @@ class Trainer:
                                   and not config.gnmr.enabled,
                                   always=kept_high(config.precision, shape.names()))
         self.unit_order = shape.names()
+        costs = RecoveredShare(config, self.unit_order)
+        self.recovered_share = costs if config.precision.precision_recipe != "none" else None
         units_here = local_unit_modules(self.model, shape)
         registry = build_registry(self.model, shape, config.gnmr.units, lora_units(config)) \
             if config.gnmr.enabled else None
@@ -171,7 +174,7 @@ class Trainer:
             expert_parallel=bool(config.model.num_experts), probes=probes, seed=t.seed,
             clip_grad=t.clip_grad, faults=self.faults,
             sharded_gradients=config.parallel.use_distributed_optimizer,
-            attention_sums=attention_sums,
+            attention_sums=attention_sums, unit_costs=costs.budget_costs(registry.names),
         ) if config.gnmr.enabled else PlainStep()
         self.monitors = MonitorSuite(config.monitor, self.model, shape.names()) \
             if config.monitor.monitors else NoMonitors()
@@ -207,6 +210,9 @@ class Trainer:
         monitors' check of the weights it leaves, and the controller's plan for the next step
         (after the check, so an alarm raised at it already acts on the next step)."""
         self.monitors.before_step(step + 1)
+        # the plan of this step, as a share of the units' GEMM FLOPs on the recovery path
+        spent = {"precision/recovered_flop_share": self.recovered_share.of(self.plan)} \
+            if self.recovered_share is not None else {}
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -225,7 +231,7 @@ class Trainer:
             self.state.nonfinite_streak = 0
         self._run_monitors(step + 1)
         return {"train/loss": loss, "train/grad_norm": outcome.grad_norm,
-                "train/skipped": int(not applied),
+                "train/skipped": int(not applied), **spent,
                 **self.controller.decide(step + 1, self.monitors.alarmed())}
 
     def _nonfinite(self, step: int, names: tuple[str, ...]) -> None:

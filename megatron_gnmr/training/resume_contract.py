@@ -27,7 +27,7 @@ CONTRACT = {
 }
 WHEN_ON = {  # checked only when the component is on in both runs (its on-switch always is)
     "gnmr": ("enabled", ("units", "delta", "signals", "qerr_baseline", "selection_seed",
-                         "budget_rate")),
+                         "budget_rate", "budget_in")),
     "monitor": ("monitors", ("monitor_detector", "monitor_interval", "monitor_delta")),
     "lora": ("enabled", ("target_modules", "dim", "alpha")),
 }
