@@ -1,6 +1,6 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
-compare-alarms, compare-signals, compare-closed-loop, estimate-memory, calibrate, evaluate,
-merge-lora, dashboard)."""
+compare-alarms, compare-signals, compare-closed-loop, compare-frontier, estimate-memory,
+calibrate, evaluate, merge-lora, dashboard)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_gnmr.experiments import (
         alarm_comparison,
         closed_loop,
+        frontier,
         runner,
         signal_comparison,
     )
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         ("compare-alarms", alarm_comparison, "every alarm detector on a fault scenario's runs"),
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
         ("compare-closed-loop", closed_loop, "did the controller save the runs that die?"),
+        ("compare-frontier", frontier, "which units to keep high: the budget-quality frontier"),
         ("dashboard", dashboard, "the W&B workspace for a run's keys (or its offline spec)"),
         ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
         ("calibrate", calibrate, "the units to keep in BF16, as Megatron's precision config"),

@@ -69,8 +69,15 @@ def pretrain(scenario: Scenario, smoke: bool, cache_dir: str) -> Path:
     return base
 
 
-def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2) -> dict:
+def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2,
+              variants: list[str] | None = None) -> dict:
     runs = scenario.runs(smoke)
+    if variants:
+        unknown = sorted(set(variants) - set(scenario.variants))
+        if unknown:
+            raise UserError(f"reproduce {scenario.name} --variants: no variant "
+                            f"{', '.join(unknown)}; it has {', '.join(scenario.variants)}")
+        runs = [run for run in runs if run[0] in variants]
     start = time.time()
     if scenario.pretrain is not None:
         base = str(pretrain(scenario, smoke, CACHE_DIR).resolve())
@@ -84,6 +91,10 @@ def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2) -> dict
         for future in tqdm(as_completed(futures), total=len(futures), desc=scenario.name,
                            unit="run"):
             future.result()
+    if variants and set(variants) != set(scenario.variants):
+        print(f"reproduce {scenario.name}: ran {', '.join(variants)} only; the tables come "
+              "once every variant has run")
+        return {}
     results = summarize(scenario, out, smoke)
     results["wall_time_s"] = round(time.time() - start, 1)
     write_tables(results, out)
@@ -110,6 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="results directory "
                         "(default: results/SCENARIO[-smoke])")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    parser.add_argument("--variants", nargs="+", default=None, metavar="NAME",
+                        help="run these variants only (no tables until every variant has run)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -117,6 +130,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.jobs < 1:
         raise UserError("--jobs must be >= 1")
     out = results_dir(scenario, args.out, args.smoke)
-    results = reproduce(scenario, out, args.smoke, args.jobs)
-    print((out / "results.md").read_text())
+    results = reproduce(scenario, out, args.smoke, args.jobs, args.variants)
+    if results:
+        print((out / "results.md").read_text())
     return results

@@ -12,7 +12,10 @@ class PrecisionConfig:
     """none | fp8-emulated | deepseek | nvfp4 | w8a8 | act-quant | fp8-torchao | te-fp8: the low-cost and
     recovery path pair of every unit (precision/backends.py)."""
     precision_static: str = "low"
-    """Without --gnmr: every unit on the `low` cost path or on the `recovery` path."""
+    """Every unit on the `low` cost path or on the `recovery` path. With --gnmr the
+    controller's choices come on top: on top of `recovery` they change nothing, which makes
+    the high bound of a comparison whose arms all take the controller's optimizer path (its
+    gradient clipping is not bitwise megatron's)."""
     fp8_format: str = "hybrid"
     """hybrid (E4M3 forward, E5M2 gradients) or e4m3 (everywhere)."""
     fp8_recipe: str = "tensorwise"

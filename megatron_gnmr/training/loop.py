@@ -152,8 +152,7 @@ class Trainer:
         self.data = resolve_data(config.data)
         self.model = build_model(config, self.data.tokenizer.vocab_size)
         shape = UnitShape.of_run(config)
-        self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery"
-                                  and not config.gnmr.enabled,
+        self.plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery",
                                   always=kept_high(config.precision, shape.names()))
         self.unit_order = shape.names()
         costs = RecoveredShare(config, self.unit_order)
