@@ -97,6 +97,42 @@ def test_the_frontier_noise_scenario_is_valid_runs():
         assert config.model.num_layers >= 4 and config.model.hidden_size >= 256
 
 
+@pytest.mark.parametrize("name", ["frontier_act_quant", "frontier_w4a4"])
+def test_frontier_arms_share_one_optimizer_path_and_keep_their_budget(name):
+    """Every arm is a valid run on the controller's optimizer path (its clipping is not
+    bitwise megatron's), the frontier names only variants the scenario has, and each static
+    rule's recovered FLOP share is the budget its name says (12.5% is one layer of 8)."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.controller.units import UnitShape
+    from megatron_gnmr.experiments.frontier import frontier_spec
+    from megatron_gnmr.precision.kept_high import kept_high
+    from megatron_gnmr.precision.plan import PrecisionPlan
+    from megatron_gnmr.precision.unit_costs import RecoveredShare
+    from megatron_gnmr.validation import validate
+
+    scenario = load_scenario(name)
+    spec = frontier_spec(name)
+    named = [spec["low"], spec["high"]] + [v for family in ("production", "ours", "run-time")
+                                           for v in spec.get(family, [])]
+    assert set(named) <= set(scenario.variants)
+    expected = {"all-low": 0.0, "all-high": 1.0, "last-1": 0.125, "first-1": 0.125,
+                "first-last-1": 0.25, "last-2": 0.25, "keep-wgrad-high": 1 / 3}
+    for variant, seed, flags in scenario.runs(smoke=False):
+        config = parse_config(flags)
+        validate(config, world_size=1)
+        assert config.gnmr.enabled
+        if config.gnmr.max_o:  # a run-time rule
+            continue
+        names = UnitShape.of_run(config).names()
+        plan = PrecisionPlan(all_recovery=config.precision.precision_static == "recovery",
+                             always=kept_high(config.precision, names))
+        share = RecoveredShare(config, names).of(plan)
+        if variant in expected:
+            assert share == pytest.approx(expected[variant]), variant
+        else:  # calibrated: within the budget its name says
+            assert 0.1 < share <= int(variant.rsplit("-", 1)[1]) / 100 + 0.005, variant
+
+
 @pytest.mark.parametrize("name", ["risk_signals_act_quant", "risk_signals_deepseek"])
 def test_every_variant_of_the_equal_budget_scenarios_is_a_valid_run(name):
     """Cheap guard for scenarios too long to smoke in CI: every run's flags parse and
