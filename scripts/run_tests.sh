@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command: install everything, prepare the test data, run the whole test suite.
 #
-#   bash scripts/run_tests.sh           # full: every test on megatron-core 0.16.1, then the
+#   bash scripts/run_tests.sh           # full: every test on megatron-core 0.16.1, the
+#                                       # air-gapped install from a wheelhouse, then the
 #                                       # core subset on the newest release (.venv-newest)
 #   bash scripts/run_tests.sh --fast    # fast tier (no process launches), under 3 minutes
 #
@@ -24,4 +25,5 @@ if [ "$tier" = fast ]; then
   exec .venv/bin/python -m pytest tests -q -rs -n 2 --dist loadfile -m "not slow" "$@"
 fi
 .venv/bin/python -m pytest tests -q -rs -n 2 --dist loadfile "$@"
+bash scripts/test_offline_install.sh
 bash scripts/test_newest_megatron.sh

