@@ -4,7 +4,12 @@ Run it on a machine that reaches the package registries, with the project instal
 (`.venv/bin/python scripts/wheelhouse.py DIR`), for the target's Python and platform:
 
     .venv/bin/python scripts/wheelhouse.py /path/wheelhouse --python-version 3.12 \\
-        --platform manylinux_2_28_x86_64 [--extras dev] [--with-torch] [--with-te]
+        --platform manylinux [--extras dev] [--with-torch] [--with-te]
+
+(`--platform manylinux`: the x86_64 manylinux tags of a current cluster, glibc 2.17 to 2.28;
+or give wheel platform tags one by one.) The project's own requirement markers are evaluated
+for the target's Python; its dependencies' markers are pip's, for the Python running this
+script, so building with the target's Python is exact.
 
 DIR/wheels holds the project's wheel and every wheel its requirements resolve to for that
 target (pip's own resolver, `pip install --dry-run --report`, binary wheels only); torch and
@@ -34,7 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 PROJECT = "megatron-gnmr"
 # What a GPU box's own torch brings: left out with torch unless another requirement needs it.
 TORCH_ROOTS = ("torch",)
-TE_ROOTS = ("transformer-engine",)
+MANYLINUX_X86_64 = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+                    "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
 
 
 def _canonical(name: str) -> str:
@@ -50,20 +56,54 @@ def _packaging():
     return Requirement
 
 
+def _extras(args) -> set[str]:
+    return {e for e in args.extras.split(",") if e} | ({"te"} if args.with_te else set())
+
+
+def project_requirements(project_wheel: Path, args) -> list[str]:
+    """The project's requirements for the target, markers evaluated for the TARGET's Python
+    (pip evaluates markers for the interpreter it runs on, whatever --python-version says:
+    from 3.11, our `python_version >= '3.12'` megatron-core line would never apply)."""
+    import zipfile
+
+    Requirement = _packaging()
+    with zipfile.ZipFile(project_wheel) as wheel:
+        name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = wheel.read(name).decode().splitlines()
+    environment = _environment({"environment": _host_environment()}, args)
+    out = []
+    for line in lines:
+        if not line.startswith("Requires-Dist: "):
+            continue
+        requirement = Requirement(line[len("Requires-Dist: "):])
+        marker, requirement.marker = requirement.marker, None
+        if marker is None or any(marker.evaluate({**environment, "extra": extra})
+                                 for extra in _extras(args) | {""}):
+            out.append(str(requirement))
+    return out
+
+
+def _host_environment() -> dict:
+    try:
+        from packaging.markers import default_environment
+    except ImportError:
+        from pip._vendor.packaging.markers import default_environment
+    return default_environment()
+
+
 def resolve(project_wheel: Path, args, work: Path) -> dict:
-    """pip's resolution of the project (with its extras) for the target: the install report."""
-    extras = [e for e in args.extras.split(",") if e] + (["te"] if args.with_te else [])
-    target = f"{project_wheel}[{','.join(extras)}]" if extras else str(project_wheel)
+    """pip's resolution of the project's requirements for the target: the install report."""
+    requirements = project_requirements(project_wheel, args)
     report = work / "report.json"
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-               "--quiet", "--report", str(report), "--only-binary=:all:", target]
+               "--quiet", "--report", str(report), "--only-binary=:all:", *requirements]
     if args.python_version or args.platform:
         command += ["--target", str(work / "unused"), "--implementation", "cp",
                     "--python-version", args.python_version or
                     f"{sys.version_info.major}.{sys.version_info.minor}"]
         for platform in args.platform or []:
             command += ["--platform", platform]
-    print(f"wheelhouse: resolving {target} for Python "
+    print(f"wheelhouse: resolving {len(requirements)} requirements for Python "
           f"{args.python_version or sys.version.split()[0]} "
           f"{' '.join(args.platform or ['(this platform)'])}")
     result = subprocess.run(command, capture_output=True, text=True)
@@ -93,8 +133,8 @@ def kept_packages(report: dict, args) -> tuple[list[dict], list[str]]:
     environment = _environment(report, args)
     packages = {_canonical(p["metadata"]["name"]): p for p in report["install"]}
     excluded_roots = set() if args.with_torch else set(TORCH_ROOTS)
-    extras = {e for e in args.extras.split(",") if e} | ({"te"} if args.with_te else set())
-    reached, queue = set(), [(PROJECT, frozenset(extras))]
+    reached, queue = set(), [(name, frozenset(p.get("requested_extras") or ()))
+                             for name, p in packages.items() if p.get("requested")]
     while queue:
         name, wanted = queue.pop()
         if name in excluded_roots or name not in packages or (name, wanted) in reached:
@@ -120,12 +160,10 @@ def _download(url: str, target: Path, sha256: str | None) -> None:
         sys.exit(f"wheelhouse: {target.name} from {url} does not match its sha256")
 
 
-def collect_wheels(kept: list[dict], wheels: Path, project_wheel: Path) -> None:
+def collect_wheels(kept: list[dict], wheels: Path) -> None:
     for package in kept:
         info = package["download_info"]
         name = info["url"].rsplit("/", 1)[-1]
-        if Path(info["url"].replace("file://", "")) == project_wheel:
-            continue
         target = wheels / name
         sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
         if target.is_file() and (not sha256 or
@@ -174,6 +212,8 @@ def main() -> None:
     parser.add_argument("--with-te", action="store_true", help="include Transformer Engine")
     parser.add_argument("--no-data", action="store_true", help="leave out the corpora")
     args = parser.parse_args()
+    if args.platform and "manylinux" in args.platform:
+        args.platform = [t for t in args.platform if t != "manylinux"] + list(MANYLINUX_X86_64)
     root = Path(args.dir).resolve()
     wheels, data = root / "wheels", root / "data"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -189,7 +229,7 @@ def main() -> None:
     kept, excluded = kept_packages(report, args)
     print(f"wheelhouse: {len(kept)} packages; left out ({len(excluded)}): "
           f"{', '.join(excluded) or 'none'}")
-    collect_wheels(kept, wheels, project_wheel)
+    collect_wheels(kept, wheels)
     if not args.no_data:
         data.mkdir(exist_ok=True)
         collect_data(data)
