@@ -74,11 +74,14 @@ class UnitProbe:
     def oracle(self) -> bool:
         return self.bank.oracle
 
-    def _add(self, pair: int, error: torch.Tensor, reference: torch.Tensor) -> None:
-        """`error` is a temporary the caller hands over: squared in place."""
+    def _add(self, pair: int, value: torch.Tensor, reference: torch.Tensor) -> None:
+        """Adds ||value - reference||^2 and ||reference||^2, each in one fused pass with no
+        temporary (in float32): the probes' cost is memory traffic, and the GEMMs they ride
+        along make only a few passes more over the same operands."""
         row = self.bank.sums[self.index]
-        row[2 * pair] += error.float().square_().sum().double()
-        row[2 * pair + 1] += reference.float().square().sum().double()
+        reference = reference.float()
+        row[2 * pair] += torch.dist(value.float(), reference).double().square()
+        row[2 * pair + 1] += torch.linalg.vector_norm(reference).double().square()
 
     def _low_quantized(self, kind: str, original, run_path, computed, group):
         """The low path's quantization of `original`: reused when the running path made it."""
@@ -95,13 +98,13 @@ class UnitProbe:
                                          ("saved_input", x, saved)):
             quantized = self._low_quantized(kind, original, run_path, computed, group)
             if quantized is not None:
-                self._add(OPERANDS.index(kind), quantized - original, original)
+                self._add(OPERANDS.index(kind), quantized, original)
 
     @torch.no_grad()
     def grad_operand(self, grad_output, run_path, g_q, group) -> None:
         quantized = self._low_quantized("grad", grad_output, run_path, g_q, group)
         if quantized is not None:
-            self._add(OPERANDS.index("grad"), quantized - grad_output, grad_output)
+            self._add(OPERANDS.index("grad"), quantized, grad_output)
 
     @torch.no_grad()
     def weight_gradient(self, grad_output, x_exact, run_path, grad_weight, group) -> None:
@@ -117,7 +120,7 @@ class UnitProbe:
             x_low = x if low.input is None else quantize(x, low.input, amax_group=group)
             saved = saved_for_weight_gradient(x, x_low, low, group)
             low_grad = weight_gradient(g, g_low, saved, low, group)
-        self._add(ORACLE, low_grad - exact, exact)
+        self._add(ORACLE, low_grad, exact)
 
 
 def build_probes(config, registry) -> ProbeBank | None:
