@@ -15,12 +15,13 @@ def main(argv: list[str] | None = None) -> None:
 
     quiet_known_warnings()
     from megatron_gnmr.arguments import OneLineErrorParser
-    from megatron_gnmr.controller import calibrate, replay
+    from megatron_gnmr.controller import replay
     from megatron_gnmr import estimate
     from megatron_gnmr.data import prepare
     from megatron_gnmr.evaluation import command as evaluate
     from megatron_gnmr.experiments import (
         alarm_comparison,
+        calibrate_command,
         closed_loop,
         frontier,
         runner,
@@ -40,10 +41,11 @@ def main(argv: list[str] | None = None) -> None:
         ("compare-alarms", alarm_comparison, "every alarm detector on a fault scenario's runs"),
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
         ("compare-closed-loop", closed_loop, "did the controller save the runs that die?"),
-        ("compare-frontier", frontier, "which units to keep high: the budget-quality frontier"),
+        ("compare-frontier", frontier, "which units to keep high: the budget-quality "
+                                       "frontier"),
         ("dashboard", dashboard, "the W&B workspace for a run's keys (or its offline spec)"),
         ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
-        ("calibrate", calibrate, "the units to keep in BF16, as Megatron's precision config"),
+        ("calibrate", calibrate_command, "the units to keep in BF16, as Megatron's precision config"),
         ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),
         ("merge-lora", merge_lora, "a LoRA run's adapters merged into its base's weights"),
     ):
