@@ -116,7 +116,8 @@ def test_frontier_arms_share_one_optimizer_path_and_keep_their_budget(name):
                                            for v in spec.get(family, [])]
     assert set(named) <= set(scenario.variants)
     expected = {"all-low": 0.0, "all-high": 1.0, "last-1": 0.125, "first-1": 0.125,
-                "first-last-1": 0.25, "last-2": 0.25, "keep-wgrad-high": 1 / 3}
+                "first-last-1": 0.25, "last-2": 0.25, "keep-wgrad-high": 1 / 3,
+                "first-1-wgrad": 0.125 / 3}
     for variant, seed, flags in scenario.runs(smoke=False):
         config = parse_config(flags)
         validate(config, world_size=1)
