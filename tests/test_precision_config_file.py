@@ -290,3 +290,22 @@ def test_calibrate_fills_a_flop_budget_by_damage(tmp_path, capsys, gemms, kept):
     assert pcf.high_precision_units(str(out), UNITS[:4]) == [UNITS[i] for i in kept]
     share = "13.3%" if len(kept) == 2 else "12.6%"
     assert f"keeping {len(kept)} ({share} of the flops)" in capsys.readouterr().out
+
+
+def test_calibrate_keeps_the_first_layers_first(tmp_path):
+    """--first-layers 1: layer 1's units come only after all of layer 0's, whatever their
+    damage (units budget: 6 of the 8 units of 2 layers)."""
+    from megatron_gnmr.cli import main
+
+    units = canonical_unit_names(2)
+    lines = [{"type": "header", "format": 2, "units": units, "config": {},
+              "signal_settings": {}},
+             {"step": 1, "norms": [1.0] * 8, "recovery": [],
+              "oracle": [0.1, 0.2, 0.3, 0.4, 0.9, 0.8, 0.7, 0.6]}]
+    (tmp_path / "gnmr_trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    main(["calibrate", str(tmp_path), "--budget", "0.75", "--budget-in", "units",
+          "--first-layers", "1"])
+    kept = pcf.high_precision_units(str(tmp_path / "precision_config.yaml"), units)
+    assert kept == units[:4] + [units[4], units[5]]
+    main(["calibrate", str(tmp_path), "--budget", "0.5", "--budget-in", "units"])
+    assert pcf.high_precision_units(str(tmp_path / "precision_config.yaml"), units) == units[4:]

@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gemms", default="fprop,dgrad,wgrad",
                         help="the GEMMs each kept unit keeps high, as the run's "
                         "--precision-recovery-gemms (default: all three)")
+    parser.add_argument("--first-layers", type=int, default=0, metavar="N",
+                        help="keep the units of the first N layers before any ranked unit "
+                        "(production's first-layer rule, with the rest of the budget "
+                        "calibrated; default 0)")
     parser.add_argument("--out", default=None, help="the YAML to write (default: "
                         "RUN_DIR/precision_config.yaml)")
 
@@ -57,6 +61,10 @@ def run(args: argparse.Namespace) -> Path:
         raise UserError(f"calibrate --budget {args.budget}: use a share in (0, 1]")
     trace = read_trace(str(Path(args.run_dir) / "gnmr_trace.jsonl"))
     measure, ranked = rank_units(trace)
+    if args.first_layers:
+        first = tuple(f"layers.{layer}." for layer in range(args.first_layers))
+        ranked = [r for r in ranked if r[0].startswith(first)] + \
+            [r for r in ranked if not r[0].startswith(first)]
     if args.budget_in == "units":
         chosen = units_for_budget(ranked, args.budget)
         share = len(chosen) / len(ranked)
@@ -70,7 +78,8 @@ def run(args: argparse.Namespace) -> Path:
     precision_config_file.write(
         str(out), chosen,
         note=f"megatron-gnmr calibrate {args.run_dir} --budget {args.budget} --budget-in "
-             f"{args.budget_in}: the {len(chosen)} of {len(ranked)} units\n({100 * share:.1f}% "
+             f"{args.budget_in}{f' --first-layers {args.first_layers}' if args.first_layers else ''}"
+             f": the {len(chosen)} of {len(ranked)} units\n({100 * share:.1f}% "
              f"of the {args.budget_in}){gemms} with the largest mean {measure} over "
              f"{len(trace.steps)} traced steps, kept in BF16.\nMegatron: "
              f"--te-precision-config-file FILE; megatron-gnmr: --precision-config-file FILE")
