@@ -22,10 +22,13 @@
 # project) and MEGATRON_GNMR_MEGATRON_CORE (the project's megatron-core requirement, read by
 # setup.py).
 set -euo pipefail
+WHEELHOUSE=${WHEELHOUSE:-}
+if [ -n "$WHEELHOUSE" ]; then  # relative to where the script was called from
+  WHEELHOUSE=$(cd "$WHEELHOUSE" && pwd) || { echo "setup: WHEELHOUSE: no such directory" >&2; exit 1; }
+fi
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-WHEELHOUSE=${WHEELHOUSE:-}
 EXTRAS=${EXTRAS-$([ -n "$WHEELHOUSE" ] && echo "" || echo dev)}
 PRE_INSTALL=${PRE_INSTALL:-}
 
@@ -86,7 +89,7 @@ pip_install() {
   rm -f "$log"
 }
 
-project=".[$EXTRAS]"
+project=".${EXTRAS:+[$EXTRAS]}"
 if [ -n "$WHEELHOUSE" ]; then
   echo "setup: installing from the wheelhouse $WHEELHOUSE (no index)"
   "$VENV/bin/python" scripts/wheelhouse_check.py "$WHEELHOUSE"
