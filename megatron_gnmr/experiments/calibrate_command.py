@@ -83,11 +83,11 @@ def run(args: argparse.Namespace) -> Path:
     gemms = "" if set(args.gemms.split(",")) == {"fprop", "dgrad", "wgrad"} else \
         f" (their {args.gemms} GEMMs: run with --precision-recovery-gemms {args.gemms})"
     out = Path(args.out) if args.out else Path(args.run_dir) / "precision_config.yaml"
+    first = f" --first-layers {args.first_layers}" if args.first_layers else ""
     precision_config_file.write(
         str(out), chosen,
         note=f"megatron-gnmr calibrate {args.run_dir} --budget {args.budget} --budget-in "
-             f"{args.budget_in}{f' --first-layers {args.first_layers}' if args.first_layers else ''}"
-             f": the {len(chosen)} of {len(ranked)} units\n({100 * share:.1f}% "
+             f"{args.budget_in}{first}: the {len(chosen)} of {len(ranked)} units\n({100 * share:.1f}% "
              f"of the {args.budget_in}){gemms} with the largest mean {measure} over "
              f"{len(trace.steps)} traced steps, kept in BF16.\nMegatron: "
              f"--te-precision-config-file FILE; megatron-gnmr: --precision-config-file FILE")

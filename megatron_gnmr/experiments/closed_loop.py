@@ -2,9 +2,9 @@
 
 For a fault scenario whose runs stop once diverged (`attention_closed_loop`): per run, a
 compact summary (divergence step, first alarm, first recovery, share of unit-steps and of
-the units' FLOPs on the recovery path, final losses, the machine it ran on), written beside
-the run as `closed_loop.json` and gathered under `--summaries DIR` (committed to the
-repository: the tables are rebuilt from it without the run directories or checkpoints).
+the units' FLOPs on the recovery path, final losses, the machine it ran on), gathered
+under `--summaries DIR` (`run_summaries.py`; committed to the repository: the tables are
+rebuilt from it without the run directories or checkpoints).
 Then per variant: runs diverged / runs, alarm and recovery steps against the divergence step
 of the uncontrolled run of the same seed, the recovered shares, and the final loss gap to the
 exact-attention run of the same seed (runs that did not diverge).
@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.experiments.scenario import load_scenario, results_dir
+from megatron_gnmr.experiments.run_summaries import add_location_arguments, collect, locations
 from megatron_gnmr.experiments.tables import divergence_step, first_step
 from megatron_gnmr.jsonl import read_jsonl
 
@@ -73,24 +73,6 @@ def run_summary(run_dir: Path) -> dict:
         "final_valid_loss": valid[-1] if valid else None,
         "cpu": cpu_name(),
     }
-
-
-def collect(scenario_name: str, runs: Path, summaries: Path) -> dict[str, dict[int, dict]]:
-    """Summaries of every finished run under `runs` written into `summaries`, then every
-    summary there read back: {variant: {seed: summary}}."""
-    scenario = load_scenario(scenario_name)
-    summaries.mkdir(parents=True, exist_ok=True)
-    for variant, seed, _ in scenario.runs(smoke=False):
-        run_dir = runs / f"{variant}-seed{seed}"
-        if (run_dir / "summary.json").is_file():
-            (summaries / f"{variant}-seed{seed}.json").write_text(
-                json.dumps(run_summary(run_dir), indent=1) + "\n")
-    table: dict[str, dict[int, dict]] = {}
-    for variant, seed, _ in scenario.runs(smoke=False):
-        path = summaries / f"{variant}-seed{seed}.json"
-        if path.is_file():
-            table.setdefault(variant, {})[seed] = json.loads(path.read_text())
-    return table
 
 
 def _median(values) -> str:
@@ -156,17 +138,12 @@ def markdown(rows: list[dict], table: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="a scenario whose runs stop once diverged "
                         "(attention_closed_loop)")
-    parser.add_argument("--runs", default=None, help="its run directories (default: "
-                        "results/SCENARIO)")
-    parser.add_argument("--summaries", default=None, help="the compact per-run summaries "
-                        "(default: docs/runs/SCENARIO, committed)")
+    add_location_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    scenario = load_scenario(args.scenario)
-    runs = Path(args.runs) if args.runs else results_dir(scenario, None, smoke=False)
-    summaries = Path(args.summaries or f"docs/runs/{scenario.name}")
-    table = collect(scenario.name, runs, summaries)
+    scenario, runs, summaries = locations(args)
+    table = collect(scenario, runs, summaries, run_summary)
     if not table:
         raise UserError(f"compare-closed-loop {scenario.name}: no finished run in {runs} and "
                         f"no summary in {summaries}")

@@ -30,7 +30,8 @@ import yaml
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.experiments.closed_loop import cpu_name
-from megatron_gnmr.experiments.scenario import SCENARIO_DIR, load_scenario, results_dir
+from megatron_gnmr.experiments.run_summaries import add_location_arguments, collect, locations
+from megatron_gnmr.experiments.scenario import SCENARIO_DIR
 from megatron_gnmr.jsonl import read_jsonl
 
 BOOTSTRAP_DRAWS = 10_000
@@ -108,19 +109,6 @@ def replayed_rules(trace, run_dir: Path) -> dict:
                 "flop_share": result.summary["recovery_cost_share"],
                 "most_recovered": [[u, n] for u, n in result.most_recovered[:4]]}
     return out
-
-
-def collect(scenario_name: str, runs: Path, summaries: Path) -> dict[str, dict[int, dict]]:
-    scenario = load_scenario(scenario_name)
-    summaries.mkdir(parents=True, exist_ok=True)
-    table: dict[str, dict[int, dict]] = {}
-    for variant, seed, _ in scenario.runs(smoke=False):
-        run_dir, path = runs / f"{variant}-seed{seed}", summaries / f"{variant}-seed{seed}.json"
-        if (run_dir / "summary.json").is_file() and not path.is_file():
-            path.write_text(json.dumps(run_summary(run_dir), indent=1) + "\n")
-        if path.is_file():
-            table.setdefault(variant, {})[seed] = json.loads(path.read_text())
-    return table
 
 
 def bootstrap_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
@@ -295,18 +283,13 @@ def plot(name: str, rows: list[dict], path: Path) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="a frontier scenario (frontier_act_quant, ...)")
-    parser.add_argument("--runs", default=None, help="its run directories (default: "
-                        "results/SCENARIO)")
-    parser.add_argument("--summaries", default=None, help="the compact per-run summaries "
-                        "(default: docs/runs/SCENARIO, committed)")
+    add_location_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    scenario = load_scenario(args.scenario)
+    scenario, runs, summaries = locations(args)
     spec = frontier_spec(scenario.name)
-    runs = Path(args.runs) if args.runs else results_dir(scenario, None, smoke=False)
-    summaries = Path(args.summaries or f"docs/runs/{scenario.name}")
-    table = collect(scenario.name, runs, summaries)
+    table = collect(scenario, runs, summaries, run_summary)
     if spec["low"] not in table or spec["high"] not in table:
         raise UserError(f"compare-frontier {scenario.name}: no finished {spec['low']} and "
                         f"{spec['high']} runs in {runs} and no summaries in {summaries}")

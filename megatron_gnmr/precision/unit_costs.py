@@ -65,17 +65,23 @@ class RecoveredShare:
         self.recovered_part = np.array([
             1.0 if _kind(unit) == CORE_ATTENTION else linear_share for unit in units])
         self.total = float(self.costs.sum())
+        self.spent = self.costs * self.recovered_part  # each unit's cost when recovered
+        self.index = {unit: i for i, unit in enumerate(units)}
 
     def budget_costs(self, names: list[str]) -> list[float]:
         """What each of `names` (the controller's eligible units) spends on the recovery
         path, scaled so that all of the model's units together cost len(names): a budget
         rate r of len(names) per step is then r of the units' GEMM FLOPs."""
-        index = {unit: i for i, unit in enumerate(self.units)}
-        spent = [self.costs[index[name]] * self.recovered_part[index[name]] for name in names]
-        return [float(cost * len(names) / self.total) for cost in spent]
+        return [float(self.spent[self.index[name]] * len(names) / self.total)
+                for name in names]
 
     def of(self, plan) -> float:
+        """Once per step: reads the plan's recovered names only, not every unit (DeepSeek-V3
+        has 31k units and recovers a few)."""
         if not self.total:
             return 0.0
-        recovered = np.array([plan.is_recovery(unit) for unit in self.units])
-        return float((self.costs * self.recovered_part * recovered).sum() / self.total)
+        if plan.all_recovery:
+            return float(self.spent.sum() / self.total)
+        recovered = (self.index[name] for name in plan.recovery | plan.always
+                     if name in self.index)
+        return float(sum(self.spent[i] for i in recovered) / self.total)
