@@ -27,7 +27,7 @@ def test_every_scenario_is_listed():
     assert available() == ["act_quant_stress", "attention_closed_loop", "attention_fault",
                            "combined_faults",
                            "deepseek_hierarchy", "frontier_act_quant", "frontier_nvfp4_noise",
-                           "frontier_w3a3", "frontier_w4a4", "lora_int8",
+                           "frontier_w3a3", "frontier_w4a4", "frontier_w8a2", "lora_int8",
                            "risk_signals_act_quant", "risk_signals_deepseek", "router_fault"]
 
 
