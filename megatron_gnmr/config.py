@@ -19,6 +19,7 @@ from typing import Optional
 
 from megatron_gnmr.controller.config import GNMRRunConfig
 from megatron_gnmr.data.config import DataConfig
+from megatron_gnmr.model_families.deepseek_mla import MLAConfig
 from megatron_gnmr.limits import check_limits, limit
 from megatron_gnmr.lora.config import LoRAConfig
 from megatron_gnmr.monitors.config import MonitorConfig
@@ -34,6 +35,10 @@ MAX_LAYERS, MAX_WIDTH, MAX_HEADS, MAX_SEQUENCE, MAX_EXPERTS = 4096, 1 << 20, 819
 
 @dataclass
 class ModelConfig:
+    model_family: str = "llama"
+    """The decoder layer's attention: llama (grouped-query, fused QKV) or deepseek-mla
+    (DeepSeek's multi-latent attention; its widths are the --q-lora-rank, --kv-lora-rank,
+    --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim settings)."""
     num_layers: int = limit(2, ge=1, le=MAX_LAYERS)
     """Decoder layers."""
     hidden_size: int = limit(128, ge=1, le=MAX_WIDTH)
@@ -43,7 +48,7 @@ class ModelConfig:
     num_attention_heads: int = limit(4, ge=1, le=MAX_HEADS)
     """Query heads."""
     num_query_groups: Optional[int] = limit(None, ge=1, le=MAX_HEADS)
-    """Key/value heads for grouped-query attention (None: one per query head)."""
+    """Key/value heads for grouped-query attention (None: one per query head; llama only)."""
     seq_length: int = limit(128, ge=1, le=MAX_SEQUENCE)
     """Training sequence length in tokens."""
     rotary_base: int = limit(10000, gt=0)
@@ -202,6 +207,7 @@ class TrainingConfig:
 @dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    mla: MLAConfig = field(default_factory=MLAConfig)  # the deepseek-mla family's settings
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)

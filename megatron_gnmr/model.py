@@ -15,11 +15,12 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import TransformerConfig  # (or the family's subclass)
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
 from megatron_gnmr.config import RunConfig
+from megatron_gnmr.model_families import family_of
 from megatron_gnmr.platform import megatron_compat
 from megatron_gnmr.platform.device import has_accelerator, run_device
 from megatron_gnmr.precision.linear import emulated_layer_spec
@@ -28,15 +29,16 @@ from megatron_gnmr.precision.backends import build_recipe
 
 
 def transformer_config(config: RunConfig) -> TransformerConfig:
+    """megatron's config of the model: the family's config class and attention fields."""
     m, p, t = config.model, config.parallel, config.training
     dtype = torch.bfloat16 if t.bf16 else torch.float32
-    return TransformerConfig(
+    config_class, family_fields = family_of(config).transformer_config(config)
+    return config_class(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         ffn_hidden_size=m.ffn_hidden_size,
         num_attention_heads=m.num_attention_heads,
-        num_query_groups=m.num_query_groups or m.num_attention_heads,
-        kv_channels=m.hidden_size // m.num_attention_heads,
+        **family_fields,
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         pipeline_dtype=dtype,
@@ -115,9 +117,10 @@ def layer_spec(config: RunConfig, moe: bool = True):
     """The spec of one decoder layer: an MoE layer if the model has experts and `moe`."""
     num_experts = config.model.num_experts if moe else None
     backend = precision_backend(config.precision)
+    family = family_of(config)
     if backend.layer_spec is not None:
-        return backend.layer_spec(num_experts)
-    spec = megatron_compat.local_layer_spec(num_experts)
+        return backend.layer_spec(family, num_experts)
+    spec = family.local_layer_spec(num_experts)
     from megatron_gnmr.precision.attention_fault import switchable_attention
 
     if config.training.emulated_attention or switchable_attention(config):
@@ -126,7 +129,7 @@ def layer_spec(config: RunConfig, moe: bool = True):
         spec = copy.deepcopy(spec)
         megatron_compat.attention_submodules(spec).core_attention = EmulatedFlashAttention
     if backend.recipe is not None:
-        spec = emulated_layer_spec(spec)
+        spec = emulated_layer_spec(spec, family)
     return spec
 
 
@@ -175,10 +178,10 @@ def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
 def add_lora(model: GPTModel, config: RunConfig, tconfig: TransformerConfig) -> None:
     """Adapters on the targeted unit linears of this stage; everything else frozen."""
     from megatron_gnmr.controller.units import UnitShape, local_unit_modules
-    from megatron_gnmr.lora.adapters import attach_adapters, freeze_base
+    from megatron_gnmr.lora.adapters import attach_adapters, freeze_base, lora_targets
 
-    attach_adapters(local_unit_modules([model], UnitShape.of(config.model)), config.lora,
-                    tconfig)
+    attach_adapters(local_unit_modules([model], UnitShape.of(config)), config.lora,
+                    lora_targets(config), tconfig)
     freeze_base(model)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from megatron_gnmr import input_files
-from megatron_gnmr.config import RunConfig
+from megatron_gnmr.config import RunConfig, flag_name
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.monitors.detectors import DETECTORS
 from megatron_gnmr.monitors.families import FAMILIES, parse_families
@@ -33,28 +33,18 @@ def validate(config: RunConfig, world_size: int) -> None:
 
 
 def validate_model(config: RunConfig) -> None:
-    m = config.model
-    if m.hidden_size % m.num_attention_heads:
-        raise UserError(f"--hidden-size {m.hidden_size} must be divisible by "
-                        f"--num-attention-heads {m.num_attention_heads}")
-    if (m.hidden_size // m.num_attention_heads) % 2:
-        raise UserError(f"--hidden-size {m.hidden_size} / --num-attention-heads "
-                        f"{m.num_attention_heads} = head dimension "
-                        f"{m.hidden_size // m.num_attention_heads}: RoPE needs an even one")
-    groups = m.num_query_groups or m.num_attention_heads
-    if m.num_attention_heads % groups:
-        raise UserError(f"--num-attention-heads {m.num_attention_heads} must be divisible by "
-                        f"--num-query-groups {groups}")
+    """The model family can build this model, and no other family's setting is set."""
+    from megatron_gnmr.model_families import family_of, inapplicable_settings
+
+    for section, name, family in inapplicable_settings(config):
+        raise UserError(f"{flag_name(section, name)} is a setting of --model-family {family}; "
+                        f"this run's is {config.model.model_family}")
+    family_of(config).check(config)
 
 
 def validate_layout(config: RunConfig, world_size: int) -> None:
     m, p, t = config.model, config.parallel, config.training
-    groups = m.num_query_groups or m.num_attention_heads
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
-    if m.num_attention_heads % tp or groups % tp:
-        raise UserError(
-            f"--tensor-model-parallel-size {tp} must divide --num-attention-heads "
-            f"{m.num_attention_heads} and --num-query-groups {groups}; pick a TP size that does")
     if m.ffn_hidden_size % tp:
         raise UserError(f"--tensor-model-parallel-size {tp} must divide --ffn-hidden-size")
     if m.num_layers % pp:
@@ -337,12 +327,12 @@ def _validate_router(m) -> None:
 
 
 def validate_controller(config: RunConfig) -> None:
-    m, t, gnmr = config.model, config.training, config.gnmr
+    t, gnmr = config.training, config.gnmr
     if t.inject_nonfinite:
         from megatron_gnmr.controller.units import UnitShape
         from megatron_gnmr.training.faults import parse_injections
 
-        known = set(UnitShape.of(m).names())
+        known = set(UnitShape.of(config).names())
         for units in parse_injections(t.inject_nonfinite).values():
             for unit in units:
                 if unit not in known:
@@ -385,13 +375,14 @@ def validate_lora(config: RunConfig) -> None:
     if not lora.enabled:
         return
     from megatron_gnmr.controller.units import UnitShape
-    from megatron_gnmr.lora.adapters import check_dim, check_rank, check_targets
+    from megatron_gnmr.lora.adapters import check_dim, check_rank, check_targets, lora_targets
 
     if config.model.num_experts:
         raise UserError("--lora with --num-experts is not supported yet (dense models only)")
     if config.precision.precision_recipe == "te-fp8":
         raise UserError("--lora with --precision-recipe te-fp8 is not supported yet: TE fuses "
-                        "the norm into linear_qkv and linear_fc1, whose adapters need the "
+                        "the norm into the attention's input projection and linear_fc1, whose "
+                        "adapters need the "
                         "normalised input")
     if p.sequence_parallel:
         raise UserError("--lora with --sequence-parallel is not supported yet")
@@ -400,7 +391,7 @@ def validate_lora(config: RunConfig) -> None:
                         f"{lora.dropout_position!r}")
     check_dim(lora, p.tensor_model_parallel_size)
     check_rank(lora, config)
-    check_targets(lora.target_modules, UnitShape.of(config.model).names())
+    check_targets(lora_targets(config), UnitShape.of(config).names())
 
 
 def validate_run(config: RunConfig) -> None:

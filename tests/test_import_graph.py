@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "megatron_gnmr"
 LAYERS = [
     {"errors", "platform", "limits", "jsonl"},
-    {"data", "precision", "lora"},
+    {"data", "precision", "lora", "model_families"},
     {"controller"},
     {"monitors", "observe"},
     {"config"},

@@ -48,7 +48,7 @@ def _logits(recipe: str, lora: bool, extra=()):
     if lora:
         config.lora.enabled = True
         add_lora(model, config, tconfig)
-    units = local_unit_modules([model], UnitShape.of(config.model))
+    units = local_unit_modules([model], UnitShape.of(config))
     bind_precision(units, config, PrecisionPlan())
     tokens = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -143,7 +143,7 @@ def test_merging_tp_shards_equals_the_float64_merge_of_the_whole_matrices(tp, li
         bases.append({f"{key}.weight": torch.tensor(w_part, dtype=torch.float32)})
         adapters.append({f"{key}.adapter.linear_in.weight": torch.tensor(a_part),
                          f"{key}.adapter.linear_out.weight": torch.tensor(b_part)})
-    merged = merge_group(bases, adapters, scale)
+    merged = merge_group(bases, adapters, scale, {"linear_proj", "linear_fc2"})
     whole = np.concatenate([m[f"{key}.weight"].double().numpy() for m in merged],
                            axis=1 if row else 0)
     np.testing.assert_allclose(whole, w.astype(np.float32) + scale * b @ a, rtol=1e-6,

@@ -18,6 +18,8 @@ from packaging.version import Version
 
 from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.model import layer_spec
+from megatron_gnmr.model_families import unit_linear_classes
+from megatron_gnmr.model_families.llama import LLAMA
 from megatron_gnmr.platform import megatron_compat
 from megatron_gnmr.precision.linear import EmulatedColumnParallelLinear, EmulatedRowParallelLinear
 from tests.helpers import LAUNCH_TIMEOUT_S, REPO
@@ -42,14 +44,14 @@ def test_every_emulated_recipe_spec_routes_all_four_unit_linears(num_experts):
     flags = ["--num-experts", str(num_experts)] if num_experts else []
     for recipe in ("fp8-emulated", "deepseek", "act-quant", "fp8-torchao"):
         spec = layer_spec(parse_config([*flags, "--precision-recipe", recipe]))
-        assert megatron_compat.unit_linear_classes(spec) == EMULATED, recipe
+        assert unit_linear_classes(spec, LLAMA) == EMULATED, recipe
     plain = megatron_compat.local_layer_spec(num_experts)
-    assert megatron_compat.unit_linear_classes(plain) == {
+    assert unit_linear_classes(plain, LLAMA) == {
         "linear_qkv": ColumnParallelLinear, "linear_proj": RowParallelLinear,
         "linear_fc1": ColumnParallelLinear, "linear_fc2": RowParallelLinear}
     # the original spec is left as it was (the replacement works on a copy)
-    assert megatron_compat.unit_linear_classes(layer_spec(parse_config(flags))) == \
-        megatron_compat.unit_linear_classes(plain)
+    assert unit_linear_classes(layer_spec(parse_config(flags)), LLAMA) == \
+        unit_linear_classes(plain, LLAMA)
 
 
 MOE_WITHOUT_TE_ON_CUDA = textwrap.dedent("""

@@ -47,7 +47,7 @@ def _model(recipe: str, plan: PrecisionPlan | None = None, extra=()):
     set_seeds(7)
     model = build_gpt_model(config, transformer_config(config), vocab_size=512)
     if plan is not None:
-        units = local_unit_modules([model], UnitShape.of(config.model))
+        units = local_unit_modules([model], UnitShape.of(config))
         bind_precision(units, config, plan)
     return model
 

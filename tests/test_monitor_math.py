@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_gnmr.monitors.qkv_layout import split_qkv
+from megatron_gnmr.model_families.llama import split_qkv
 from megatron_gnmr.monitors.router_stats import bias_spread, conditioning_ratio, gate_entropy, \
     routing_entropy, weight_similarity
 from megatron_gnmr.monitors.spectra import d2_singular_values, d3_singular_values, \

@@ -11,6 +11,7 @@ import torch
 
 from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.model_families.llama import LLAMA
 from megatron_gnmr.platform import capabilities, megatron_compat
 from megatron_gnmr.validation import validate
 from tests.helpers import TINY
@@ -166,7 +167,7 @@ def test_each_unit_switches_alone_dense_and_experts(megatron_world, monkeypatch)
     monkeypatch.setattr(te_backend, "disabled_fp8_autocast", disabled)
     # Built without megatron's FP8 settings (they need TE), bound as te-fp8.
     config = parse_config([*TINY, "--num-experts", "4"])
-    spec = te_backend.switchable_layer_spec(megatron_compat.local_layer_spec(4))
+    spec = te_backend.switchable_layer_spec(megatron_compat.local_layer_spec(4), LLAMA)
     monkeypatch.setattr("megatron_gnmr.model.layer_spec", lambda config, moe=True: spec)
     model = build_gpt_model(config, transformer_config(config), vocab_size=512)
     units = local_unit_modules([model], UnitShape(num_layers=2, num_experts=4))

@@ -11,6 +11,13 @@ from typing import Sequence
 
 from megatron_gnmr.limits import check_limits, limit
 
+# Every unit of every model family (units are only ever decoder linears and core attentions).
+UNITS_DEFAULT = "."
+# What the default was before model families (LLaMA's linears spelled out): a checkpoint that
+# recorded it selected every unit too (`training/resume_contract.py`).
+UNITS_FORMER_DEFAULT = (r"layers\.\d+\.(self_attention\.(linear_(qkv|proj)|core_attention)"
+                        r"|mlp\.(experts\.\d+\.|shared_experts\.)?linear_fc[12])$")
+
 
 def _parse_schedule(value, name: str = "schedule") -> tuple[tuple[int, float], ...]:
     """A threshold schedule: `((step, value), ...)` or the flag form `"1:3.0,500:2.0"`."""
@@ -124,11 +131,10 @@ class GNMRRunConfig(GNMRConfig):
 
     enabled: bool = False
     """Turn the GNMR controller on (flag: --gnmr)."""
-    units: str = (r"layers\.\d+\.(self_attention\.(linear_(qkv|proj)|core_attention)"
-                  r"|mlp\.(experts\.\d+\.|shared_experts\.)?linear_fc[12])$")
-    """Regex over unit names selecting the eligible units (default: all decoder linears, and
-    each layer's core attention where it is switchable: --attention-precision fp8 or an
-    attention fault)."""
+    units: str = UNITS_DEFAULT
+    """Regex over unit names selecting the eligible units (default: every unit: the decoder's
+    linears, and each layer's core attention where it is switchable: --attention-precision
+    fp8 or an attention fault)."""
     nonfinite: str = "skip"
     """On a NaN/Inf gradient: `skip` the optimizer step, or `raise` (stop, keep checkpoint)."""
     trace_interval: int = limit(1, ge=0)

@@ -22,17 +22,20 @@ from dataclasses import dataclass, field
 import torch
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.model_families.base import MLP_LINEARS
+from megatron_gnmr.model_families.llama import ATTENTION_LINEARS
 
 # Norm parameters that Transformer Engine fuses into the linear after the norm
-# (`TELayerNormColumnParallelLinear.layer_norm_weight` in `linear_qkv` and `linear_fc1`).
-# They are not part of the unit: the same model must give the same unit norms with the local
-# spec (separate RMSNorm modules) and the TE spec. They still count in the global norm.
+# (`TELayerNormColumnParallelLinear.layer_norm_weight` in the attention's input projection and
+# in `linear_fc1`). They are not part of the unit: the same model must give the same unit
+# norms with the local spec (separate RMSNorm modules) and the TE spec. They still count in
+# the global norm.
 FUSED_NORM_PARAMETERS = ("layer_norm_weight", "layer_norm_bias")
 
-# Per decoder layer, in canonical order (SPEC 2).
-ATTENTION_UNIT_SUFFIXES = ("self_attention.linear_qkv", "self_attention.linear_proj")
-DENSE_UNIT_SUFFIXES = (*ATTENTION_UNIT_SUFFIXES, "mlp.linear_fc1", "mlp.linear_fc2")
+# Per decoder layer, in canonical order (SPEC 2): the attention's unit linears (the model
+# family's, `model_families/`), its core attention where that is a unit, then the MLP's.
 CORE_ATTENTION_SUFFIX = "self_attention.core_attention"
+MLP_UNIT_SUFFIXES = tuple(f"mlp.{name}" for name in MLP_LINEARS)
 
 
 @dataclass(frozen=True)
@@ -46,14 +49,22 @@ class UnitShape:
     first_dense_layers: int = 0
     core_attention: bool = False
     """Each layer's core attention is a unit too (low-precision attention is switchable:
-    `precision/attention_fault.py`), between linear_qkv and linear_proj."""
+    `precision/attention_fault.py`), between the input projections and the output one."""
+    attention_linears: tuple[str, ...] = ATTENTION_LINEARS
+    """The attention's unit linears in canonical order, output projection last (the model
+    family's; LLaMA's by default)."""
 
     @classmethod
-    def of(cls, model, core_attention: bool = False) -> "UnitShape":
-        """The shape of a `ModelConfig`'s model."""
+    def of(cls, config, core_attention: bool = False) -> "UnitShape":
+        """The shape of a `RunConfig`'s model."""
+        from megatron_gnmr.model_families import family_of
+
+        model = config.model
+        linears = tuple(linear.name for linear in family_of(config).attention_linears(config))
         return cls(model.num_layers, model.num_experts,
                    bool(model.moe_shared_expert_intermediate_size),
-                   model.moe_first_dense_layers if model.num_experts else 0, core_attention)
+                   model.moe_first_dense_layers if model.num_experts else 0, core_attention,
+                   linears)
 
     @classmethod
     def of_run(cls, config) -> "UnitShape":
@@ -61,22 +72,23 @@ class UnitShape:
         attention has a low-cost path."""
         from megatron_gnmr.precision.attention_fault import switchable_attention
 
-        return cls.of(config.model, switchable_attention(config))
+        return cls.of(config, switchable_attention(config))
 
     def attention_suffixes(self) -> tuple[str, ...]:
+        linears = tuple(f"self_attention.{name}" for name in self.attention_linears)
         if not self.core_attention:
-            return ATTENTION_UNIT_SUFFIXES
-        return (ATTENTION_UNIT_SUFFIXES[0], CORE_ATTENTION_SUFFIX, ATTENTION_UNIT_SUFFIXES[1])
+            return linears
+        return (*linears[:-1], CORE_ATTENTION_SUFFIX, linears[-1])
 
     def layer_suffixes(self, layer: int) -> tuple[str, ...]:
         """Unit names inside decoder layer `layer` (0-based), in canonical order."""
         if not self.num_experts or layer < self.first_dense_layers:
-            return (*self.attention_suffixes(), *DENSE_UNIT_SUFFIXES[2:])
-        shared = (tuple(f"mlp.shared_experts.linear_fc{i}" for i in (1, 2))
+            return (*self.attention_suffixes(), *MLP_UNIT_SUFFIXES)
+        shared = (tuple(f"mlp.shared_experts.{name}" for name in MLP_LINEARS)
                   if self.shared_experts else ())
         return (*self.attention_suffixes(), *shared,
-                *(f"mlp.experts.{expert}.linear_fc{i}" for expert in range(self.num_experts)
-                  for i in (1, 2)))
+                *(f"mlp.experts.{expert}.{name}" for expert in range(self.num_experts)
+                  for name in MLP_LINEARS))
 
     def names(self) -> list[str]:
         return [f"layers.{layer}.{suffix}" for layer in range(self.num_layers)

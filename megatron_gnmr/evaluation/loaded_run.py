@@ -91,7 +91,7 @@ def load_run(run_dir: str, exact: bool = False) -> LoadedRun:
     distributed.initialize(config)
     data = resolve_data(config.data)
     model = build_model(config, data.tokenizer.vocab_size)
-    shape = UnitShape.of(config.model)
+    shape = UnitShape.of(config)
     plan = PrecisionPlan(all_recovery=exact or config.precision.precision_static == "recovery",
                          always=kept_high(config.precision, shape.names()))
     bind_precision(local_unit_modules(model, shape), config, plan)

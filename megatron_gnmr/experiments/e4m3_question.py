@@ -36,6 +36,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron_gnmr.model_families.llama import PROJ, QKV  # the question's model is LLaMA's
+
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--num-layers", "2", "--hidden-size", "128", "--ffn-hidden-size", "384",
         "--num-attention-heads", "4", "--num-query-groups", "2", "--seq-length", "128",
@@ -93,10 +95,10 @@ VARIANTS = {
                                  _ops("e4m3", FWD), rounding="noise", seeds=FEW_SEEDS),
     "noise-as-e3m2-fwd": Variant("Gaussian noise with E3M2's error norm, input + weight",
                                  _ops("e3m2", FWD), rounding="noise"),
-    "e4m3-fwd-qkv": Variant("E4M3 input + weight, linear_qkv only", _ops("e4m3", FWD),
-                            units=r"linear_qkv$", seeds=FEW_SEEDS),
-    "e4m3-fwd-proj": Variant("E4M3 input + weight, linear_proj only", _ops("e4m3", FWD),
-                             units=r"linear_proj$"),
+    "e4m3-fwd-qkv": Variant(f"E4M3 input + weight, {QKV} only", _ops("e4m3", FWD),
+                            units=rf"{QKV}$", seeds=FEW_SEEDS),
+    "e4m3-fwd-proj": Variant(f"E4M3 input + weight, {PROJ} only", _ops("e4m3", FWD),
+                             units=rf"{PROJ}$"),
     "e4m3-fwd-fc1": Variant("E4M3 input + weight, linear_fc1 only", _ops("e4m3", FWD),
                             units=r"linear_fc1$"),
     "e4m3-fwd-fc2": Variant("E4M3 input + weight, linear_fc2 only", _ops("e4m3", FWD),

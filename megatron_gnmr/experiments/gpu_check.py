@@ -82,7 +82,7 @@ def recovery_is_bf16(trainer, recipe: str) -> tuple[bool, bool]:
     from megatron_gnmr.platform.device import run_device
 
     config = trainer.config
-    units = local_unit_modules(trainer.model, UnitShape.of(config.model))
+    units = local_unit_modules(trainer.model, UnitShape.of(config))
     checked = [name for name in units if name.startswith("layers.0.")]
     checked.append(f"layers.{config.model.num_layers - 1}.mlp.linear_fc2")
     equal, differs = True, True

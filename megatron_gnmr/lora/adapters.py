@@ -7,11 +7,11 @@ Megatron-Bridge's `ParallelLinearAdapter`:
 
 | base linear | A (`linear_in`) | B (`linear_out`) |
 |---|---|---|
-| column-parallel (qkv, fc1): x whole, y split along N | column-parallel along r, output gathered | column-parallel along N, output split like y |
-| row-parallel (proj, fc2): x split along K, y whole | row-parallel along K (partial sums all-reduced) | column-parallel along N, output gathered |
+| column-parallel (e.g. fc1): x whole, y split along N | column-parallel along r, output gathered | column-parallel along N, output split like y |
+| row-parallel (e.g. fc2): x split along K, y whole | row-parallel along K (partial sums all-reduced) | column-parallel along N, output gathered |
 
 so an adapter's output has the shape and split of its base's output. The adapter is a child
-module of the base linear (`...linear_qkv.adapter.linear_in.weight`, as Bridge names it) and
+module of the base linear (`...linear_fc1.adapter.linear_in.weight`, as Bridge names it) and
 adds its output through a forward hook, so the base keeps its class, its precision path and
 its unit name; the unit's trainable parameters are then exactly its adapter's, which is what
 the controller's per-unit norms read. Adapters run megatron's own linear: high precision,
@@ -29,9 +29,7 @@ import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.lora.config import TARGET_MODULES, LoRAConfig
-
-ROW_PARALLEL = ("linear_proj", "linear_fc2")
+from megatron_gnmr.lora.config import LoRAConfig
 
 
 class LoRAAdapter(torch.nn.Module):
@@ -98,37 +96,52 @@ def adapters_disabled(model_chunks):
 
 
 def is_target(unit_name: str, targets: list[str]) -> bool:
-    """A unit (`layers.0.self_attention.linear_qkv`) matches a bare module name by its last
-    component, a glob by its module path (`decoder.layers.0.self_attention.linear_qkv`)."""
+    """A unit (`layers.0.mlp.linear_fc1`) matches a bare module name (no dot, no wildcard) by
+    its last component, a glob by its module path (`decoder.layers.0.mlp.linear_fc1`)."""
     path = f"decoder.{unit_name}"
-    return any(unit_name.rsplit(".", 1)[-1] == target if target in TARGET_MODULES
+    return any(unit_name.rsplit(".", 1)[-1] == target if _is_bare(target)
                else fnmatch.fnmatchcase(path, target) or fnmatch.fnmatchcase(unit_name, target)
                for target in targets)
+
+
+def _is_bare(target: str) -> bool:
+    return not any(character in target for character in ".*?[")
+
+
+def lora_targets(config) -> list[str]:
+    """The run's targets: --lora-target-modules, else the model family's default."""
+    from megatron_gnmr.model_families import family_of
+
+    return list(config.lora.target_modules) or list(family_of(config).lora_targets)
 
 
 def lora_units(config):
     """The predicate that keeps a LoRA run's units to its adapted linears (None: no LoRA)."""
     if not config.lora.enabled:
         return None
-    return lambda name: is_target(name, config.lora.target_modules)
+    targets = lora_targets(config)
+    return lambda name: is_target(name, targets)
 
 
 def check_targets(targets: list[str], unit_names: list[str]) -> None:
+    linears = sorted({name.rsplit(".", 1)[-1] for name in unit_names
+                      if not name.endswith(".core_attention")})
     for target in targets:
         if not any(is_target(name, [target]) for name in unit_names):
             raise UserError(f"--lora-target-modules {target!r} matches no linear (use "
-                            f"{', '.join(TARGET_MODULES)}, or a glob such as "
-                            "'*.layers.0.*.linear_qkv')")
+                            f"{', '.join(linears)}, or a glob such as "
+                            "'*.layers.0.*.linear_fc1')")
 
 
-def attach_adapters(units: dict[str, torch.nn.Module], lora: LoRAConfig, tconfig) -> list[str]:
+def attach_adapters(units: dict[str, torch.nn.Module], lora: LoRAConfig, targets: list[str],
+                    tconfig) -> list[str]:
     """Add an adapter to every targeted unit linear of this rank (in canonical order, so the
     random draws do not depend on the layout); returns the adapted unit names."""
     adapted = []
     for name, linear in units.items():
-        if not is_target(name, lora.target_modules):
+        if not is_target(name, targets):
             continue
-        row = name.rsplit(".", 1)[-1] in ROW_PARALLEL
+        row = isinstance(linear, RowParallelLinear)
         linear.adapter = LoRAAdapter(linear.input_size, linear.output_size, row, lora, tconfig)
         linear.register_forward_hook(_add_adapter_output)
         adapted.append(name)
@@ -164,7 +177,7 @@ def check_rank(lora: LoRAConfig, config) -> None:
     whole = dataclasses.replace(config, parallel=dataclasses.replace(
         config.parallel, tensor_model_parallel_size=1))
     for gemm in unit_gemms(whole):
-        if any(gemm.unit.endswith(target.rsplit(".", 1)[-1]) for target in lora.target_modules) \
+        if any(gemm.unit.endswith(target.rsplit(".", 1)[-1]) for target in lora_targets(config)) \
                 and lora.dim > min(gemm.in_features, gemm.out_features):
             raise UserError(f"--lora-dim {lora.dim} exceeds the rank of {gemm.unit} "
                             f"({gemm.out_features} x {gemm.in_features}): use at most "

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 
 from megatron_gnmr.limits import check_limits, limit
 
-TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-
 
 @dataclass
 class LoRAConfig:
@@ -16,10 +14,10 @@ class LoRAConfig:
     """LoRA: freeze every base parameter and train low-rank adapters on --lora-target-modules
     (usually with --finetune --load BASE_RUN). --gnmr: the adapted linears are the units,
     scored on their adapters' gradients."""
-    target_modules: list[str] = field(default_factory=lambda: list(TARGET_MODULES),
-                                      metadata={"metavar": "MODULE"})
-    """LoRA: linear_qkv, linear_proj, linear_fc1, linear_fc2, or globs over the module path
-    (`*.layers.0.*.linear_qkv`, global layer numbers)."""
+    target_modules: list[str] = field(default_factory=list, metadata={"metavar": "MODULE"})
+    """LoRA: unit linears by name (linear_fc1, linear_proj, ...) or globs over the module
+    path (`*.layers.0.*.linear_fc1`, global layer numbers); none given: every unit linear of
+    the model family (llama: its qkv, proj, fc1, fc2)."""
     dim: int = limit(32, ge=1)
     """LoRA: the adapters' rank r."""
     alpha: float = limit(32.0, gt=0)

@@ -12,24 +12,24 @@ from __future__ import annotations
 
 import torch
 
-from megatron_gnmr.lora.adapters import ROW_PARALLEL
-
 ADAPTER_IN, ADAPTER_OUT = ".adapter.linear_in.weight", ".adapter.linear_out.weight"
 
 
 def adapted_prefixes(state: dict) -> list[str]:
-    """`...linear_qkv` for every adapter in a model state."""
+    """`...linear_fc1` for every adapter in a model state."""
     return [key[: -len(ADAPTER_IN)] for key in state if key.endswith(ADAPTER_IN)]
 
 
-def merge_group(base: list[dict], adapters: list[dict], scale: float) -> list[dict]:
+def merge_group(base: list[dict], adapters: list[dict], scale: float,
+                row_parallel: set[str]) -> list[dict]:
     """One TP group's merged model states (index = TP rank): base weights plus every
-    adapter's update, with the adapter entries removed."""
+    adapter's update, with the adapter entries removed. `row_parallel`: the names of the
+    model's row-parallel linears (their adapters' shards split the other way)."""
     merged = []
     for state, own in zip(base, adapters):
         out = {k: v for k, v in state.items() if ".adapter." not in f".{k}"}
         for prefix in adapted_prefixes(own):
-            if prefix.rsplit(".", 1)[-1] in ROW_PARALLEL:
+            if prefix.rsplit(".", 1)[-1] in row_parallel:
                 b = torch.cat([a[prefix + ADAPTER_OUT] for a in adapters], dim=0)
                 a_ = own[prefix + ADAPTER_IN]
             else:

@@ -1,6 +1,7 @@
 """The mechanism monitor families (SPEC 7): the registry.
 
-A family is a monitor class (built from the model chunks and the monitor config, with
+A family is a monitor class (built from the model chunks, the monitor config and the model
+family, `model_families/`, with
 `before_step`, `measure`, `after_step` and a `state_dict`), the signals of it that raise alarms
 with the side on which each fails, and the units an alarm of layer l names (for the
 controller's `monitor` risk signal). Adding a family is one file (its monitor) and one entry
@@ -15,7 +16,7 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class Family:
-    monitor: Callable  # (model_chunks, MonitorConfig) -> monitor
+    monitor: Callable  # (model_chunks, MonitorConfig, ModelFamily) -> monitor
     alarm_signals: dict[str, int]
     """Signals that raise alarms -> the side they fail on: -1 falling, +1 rising."""
     unit_prefixes: Callable[[int], tuple[str, ...]]
@@ -27,13 +28,13 @@ class Family:
     layer on one chart); together they cover every signal the family logs."""
 
 
-def _attention(model_chunks, config):
+def _attention(model_chunks, config, model_family):
     from megatron_gnmr.monitors.attention import AttentionMonitor
 
-    return AttentionMonitor(model_chunks, config)
+    return AttentionMonitor(model_chunks, config, model_family)
 
 
-def _router(model_chunks, config):
+def _router(model_chunks, config, model_family):
     from megatron_gnmr.monitors.router import RouterMonitor
 
     return RouterMonitor(model_chunks, config)

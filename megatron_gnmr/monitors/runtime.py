@@ -16,12 +16,13 @@ from megatron_gnmr.monitors.families import FAMILIES, parse_families
 
 
 class MonitorSuite:
-    def __init__(self, config, model_chunks, unit_names: list[str] = ()):
+    def __init__(self, config, model_chunks, unit_names: list[str], model_family):
         """`unit_names`: every unit of the model (eligible or not), to say which an alarm
-        names (`Family.unit_prefixes`)."""
+        names (`Family.unit_prefixes`); `model_family`: what the monitors read in each layer
+        (`model_families/`)."""
         self.unit_names = list(unit_names)
         self.interval = config.monitor_interval
-        self.monitors = {name: FAMILIES[name].monitor(model_chunks, config)
+        self.monitors = {name: FAMILIES[name].monitor(model_chunks, config, model_family)
                          for name in parse_families(config.monitors)}
         references = config.monitor_reference
         self.alarms = AlarmBook(

@@ -3,9 +3,9 @@
 Supported: 0.16.1 (the newest for Python 3.11) and 0.19.x (what Python 3.12 clusters get).
 Nothing outside this module may branch on megatron's version.
 
-Layer specs. The unit linears (`linear_qkv`, `linear_proj`, `linear_fc1`, `linear_fc2`, and
-each routed or shared expert's fc1/fc2) are swapped in a megatron layer spec for the
-project's path-routed subclasses. Up to 0.17 every node of a spec is a
+Layer specs. The unit linears (the attention linears a model family names, and each dense,
+routed or shared expert's fc1/fc2) are swapped in a megatron layer spec for the project's
+path-routed subclasses. Up to 0.17 every node of a spec is a
 `ModuleSpec(module, submodules)`; from 0.18 the MLP and MoE nodes are builders,
 `functools.partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(...))` and
 `partial(MoELayer, submodules=MoESubmodules(...))`, whose submodules live in the partial's
@@ -19,7 +19,9 @@ import copy
 import functools
 from typing import Any
 
-UNIT_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+# megatron's SwiGLU MLP linears, dense or per expert, in every model family: fc1 is the fused
+# gate and up projection (column-parallel), fc2 the down projection (row-parallel).
+MLP_LINEARS = ("linear_fc1", "linear_fc2")
 
 
 def submodules_of(node: Any) -> Any:
@@ -51,39 +53,43 @@ def attention_submodules(layer_spec: Any) -> Any:
     return submodules_of(submodules_of(layer_spec).self_attention)
 
 
-def replace_unit_linears(layer_spec: Any, replacements: dict[str, type]) -> Any:
-    """A copy of `layer_spec` with the unit linears named in `replacements` (keys from
-    `UNIT_LINEARS`) built from the given classes."""
+def replace_attention_linears(layer_spec: Any, replacements: dict[str, type]) -> Any:
+    """A copy of `layer_spec` whose attention submodules named in `replacements` are built
+    from the given classes."""
     spec = copy.deepcopy(layer_spec)
     attention = attention_submodules(spec)
-    for name in ("linear_qkv", "linear_proj"):
-        if name in replacements:
-            setattr(attention, name, replacements[name])
-    mlps = [mlp_submodules(spec), shared_expert_submodules(spec)]
-    for mlp in (mlp for mlp in mlps if mlp is not None):
-        for name in ("linear_fc1", "linear_fc2"):
-            if name in replacements:
-                setattr(mlp, name, replacements[name])
+    for name, cls in replacements.items():
+        setattr(attention, name, cls)
     return spec
 
 
-def unit_linear_classes(layer_spec: Any) -> dict[str, type]:
-    """The classes a layer spec builds its unit linears from (for checks and tests)."""
-    attention = attention_submodules(layer_spec)
+def route_mlp_linears(layer_spec: Any, route) -> Any:
+    """A copy of `layer_spec` whose MLP linears (`MLP_LINEARS` of the dense MLP or the routed
+    experts, and of the shared expert) are built from `route(megatron's class)`."""
+    spec = copy.deepcopy(layer_spec)
+    mlps = [mlp_submodules(spec), shared_expert_submodules(spec)]
+    for mlp in (mlp for mlp in mlps if mlp is not None):
+        for name in MLP_LINEARS:
+            setattr(mlp, name, route(getattr(mlp, name)))
+    return spec
+
+
+def mlp_linear_classes(layer_spec: Any) -> dict[str, type]:
+    """The classes a layer spec builds its (dense or routed) MLP linears from."""
     mlp = mlp_submodules(layer_spec)
-    return {**{name: getattr(attention, name) for name in ("linear_qkv", "linear_proj")},
-            **{name: getattr(mlp, name) for name in ("linear_fc1", "linear_fc2")}}
+    return {name: getattr(mlp, name) for name in MLP_LINEARS}
 
 
-def local_layer_spec(num_experts: int | None):
-    """megatron's local (no Transformer Engine) LLaMA layer: RMSNorm, per-expert GEMMs. Where
-    megatron would use its torch-norm wrapper (no apex), the norms are `TorchRMSNorm`, which
-    runs under sequence parallelism too; the routed experts start from the same weights in
-    every expert-parallel layout (`expert_init.py`)."""
+def local_layer_spec(num_experts: int | None, **family_keywords):
+    """megatron's local (no Transformer Engine) layer: RMSNorm, per-expert GEMMs, the
+    attention a model family asks for (`family_keywords`, e.g. `multi_latent_attention`).
+    Where megatron would use its torch-norm wrapper (no apex), the norms are `TorchRMSNorm`,
+    which runs under sequence parallelism too; the routed experts start from the same weights
+    in every expert-parallel layout (`expert_init.py`)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False,
-                                    normalization="RMSNorm")
+                                    normalization="RMSNorm", **family_keywords)
     layer = submodules_of(spec)
     if num_experts:
         from megatron_gnmr.platform.expert_init import LayoutInvariantSequentialMLP
@@ -93,6 +99,10 @@ def local_layer_spec(num_experts: int | None):
     for name in ("input_layernorm", "pre_mlp_layernorm"):
         if _is_torch_norm_wrapper(getattr(layer, name)):
             setattr(layer, name, TorchRMSNorm)
+    attention = attention_submodules(spec)
+    for name, node in vars(attention).items():  # the query / key / latent norms, if any
+        if _is_torch_norm_wrapper(node):
+            setattr(attention, name, TorchRMSNorm)
     return spec
 
 
@@ -151,7 +161,7 @@ class TorchRMSNorm:
         return norm
 
 
-def te_layer_spec(num_experts: int | None):
+def te_layer_spec(num_experts: int | None, **family_keywords):
     """megatron's Transformer Engine layer. Experts stay one TE GEMM each (`SequentialMLP`,
     `moe_grouped_gemm=False`): TE's grouped GEMM runs all local experts in one kernel, so
     one expert could not run BF16 while the others run FP8."""
@@ -160,7 +170,7 @@ def te_layer_spec(num_experts: int | None):
     )
 
     return get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts,
-                                                      moe_grouped_gemm=False)
+                                                      moe_grouped_gemm=False, **family_keywords)
 
 
 def distributed_optimizer_parts(optimizer: Any) -> list:
@@ -202,3 +212,15 @@ def bind_missing_moe_helpers() -> None:
     for name in MOE_TE_HELPERS:
         if not hasattr(moe_utils, name):
             setattr(moe_utils, name, None)
+
+
+def tell_mla_whether_te_is_there() -> None:
+    """0.16.1 without Transformer Engine: megatron's TE extension module imports anyway (its
+    `te` is a MagicMock), so `multi_latent_attention` sets HAVE_TE and binds `TELinear` to a
+    mock, and MLA's constructor fails on `isinstance(self.linear_proj, TELinear)`. Give it
+    the extension's own answer (0.19.x imports the extension's HAVE_TE: right already)."""
+    from megatron.core.extensions import transformer_engine as te_extension
+    from megatron.core.transformer import multi_latent_attention
+
+    if multi_latent_attention.HAVE_TE and not te_extension.HAVE_TE:
+        multi_latent_attention.HAVE_TE = False

@@ -169,6 +169,13 @@ class EmulatedFlashAttention(DotProductAttention):
     unit_name: str | None = None
     runtime: AttentionRuntime | None = None
 
+    def __init__(self, *args, k_channels: int | None = None, v_channels: int | None = None,
+                 **kwargs):
+        """`k_channels`, `v_channels`: the query/key and value widths per head where they
+        differ (multi-latent attention), as Transformer Engine's attention takes them;
+        megatron's local attention does not. The widths are read off the tensors."""
+        super().__init__(*args, **kwargs)
+
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
         if attention_mask is not None or packed_seq_params is not None:
@@ -196,7 +203,7 @@ class EmulatedFlashAttention(DotProductAttention):
         out = FlashAttentionFunction.apply(q, k, v, self.softmax_scale, path.fault_bits,
                                            path.fp8, group)
         seq, batch = query.shape[0], query.shape[1]
-        return out.permute(2, 0, 1, 3).reshape(seq, batch, self.hidden_size_per_partition)
+        return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # heads x value width
 
 
 def bind_attention(model_chunks, unit_modules: dict, plan, config, fault: FaultSchedule,

@@ -21,8 +21,9 @@ from megatron_gnmr.precision import recipes
 class Backend:
     recipe: Callable | None
     """PrecisionConfig -> Recipe (low and recovery paths of the path-routed linears)."""
-    layer_spec: Callable[[int | None], object] | None = None
-    """num_experts -> megatron layer spec; None: the local spec with path-routed linears."""
+    layer_spec: Callable[[object, int | None], object] | None = None
+    """(model family, num_experts) -> megatron layer spec; None: the family's local spec
+    with path-routed linears."""
     validate: Callable | None = None
     """RunConfig -> None (raises UserError): checks before anything is built."""
     megatron_fields: Callable = lambda precision: {}
@@ -41,11 +42,10 @@ class Backend:
     (`--precision-recovery-gemms`; the emulated kernels)."""
 
 
-def _te_spec(num_experts):
-    from megatron_gnmr.platform import megatron_compat
+def _te_spec(family, num_experts):
     from megatron_gnmr.precision.te_backend import switchable_layer_spec
 
-    return switchable_layer_spec(megatron_compat.te_layer_spec(num_experts))
+    return switchable_layer_spec(family.te_layer_spec(num_experts), family)
 
 
 def _te_validate(config):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class UnitGemm:
-    unit: str  # a unit kind: linear_qkv, linear_proj, linear_fc1, linear_fc2 (or experts')
+    unit: str  # a unit kind: an attention linear, linear_fc1, linear_fc2 (or experts')
     tokens: int | None  # rows of the input; None for experts (padded by megatron)
     in_features: int  # K of this shard
     out_features: int  # N of this shard
@@ -28,15 +28,14 @@ class UnitGemm:
 
 def unit_gemms(config) -> list[UnitGemm]:
     """One entry per kind of unit GEMM of the model, as one tensor-parallel rank sees it."""
+    from megatron_gnmr.model_families import family_of
+
     m, tp = config.model, config.parallel.tensor_model_parallel_size
-    d_head = m.hidden_size // m.num_attention_heads
-    groups = m.num_query_groups or m.num_attention_heads
     tokens = config.training.micro_batch_size * m.seq_length
-    gemms = [
-        UnitGemm("linear_qkv", tokens, m.hidden_size,
-                 (m.num_attention_heads + 2 * groups) * d_head // tp),
-        UnitGemm("linear_proj", tokens, m.hidden_size // tp, m.hidden_size),
-    ]
+    gemms = [UnitGemm(linear.name, tokens,
+                      linear.in_features // (tp if linear.parallel == "row" else 1),
+                      linear.out_features // (tp if linear.parallel == "column" else 1))
+             for linear in family_of(config).attention_linears(config)]
     dense = [UnitGemm("linear_fc1", tokens, m.hidden_size, 2 * m.ffn_hidden_size // tp),
              UnitGemm("linear_fc2", tokens, m.ffn_hidden_size // tp, m.hidden_size)]
     if m.num_experts:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
-from megatron_gnmr.platform.megatron_compat import replace_unit_linears
 from megatron_gnmr.precision.paths import emulated_linear
 
 
@@ -54,9 +53,15 @@ class EmulatedRowParallelLinear(_PathRoutedLinear, RowParallelLinear):
     parallel = "row"  # weight and input split along K
 
 
-def emulated_layer_spec(spec):
-    """A copy of a local-spec transformer layer with the four unit linears replaced."""
-    return replace_unit_linears(spec, {"linear_qkv": EmulatedColumnParallelLinear,
-                                       "linear_proj": EmulatedRowParallelLinear,
-                                       "linear_fc1": EmulatedColumnParallelLinear,
-                                       "linear_fc2": EmulatedRowParallelLinear})
+def path_routed(linear: type) -> type:
+    """megatron's local linear class -> its path-routed subclass."""
+    return EmulatedRowParallelLinear if issubclass(linear, RowParallelLinear) \
+        else EmulatedColumnParallelLinear
+
+
+def emulated_layer_spec(spec, family):
+    """A copy of a local-spec transformer layer with its unit linears (the family's attention
+    linears, the MLP's) path-routed."""
+    from megatron_gnmr.model_families import route_unit_linears
+
+    return route_unit_linears(spec, family, path_routed)

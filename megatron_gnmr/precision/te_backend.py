@@ -91,9 +91,8 @@ def switchable(te_linear: type) -> type:
     return type(f"Switchable{te_linear.__name__}", (_RecoverySwitch, te_linear), {})
 
 
-def switchable_layer_spec(spec):
+def switchable_layer_spec(spec, family):
     """The TE layer spec with every unit linear switchable (fused-norm linears included)."""
-    from megatron_gnmr.platform.megatron_compat import replace_unit_linears, unit_linear_classes
+    from megatron_gnmr.model_families import route_unit_linears
 
-    return replace_unit_linears(spec, {name: switchable(cls)
-                                       for name, cls in unit_linear_classes(spec).items()})
+    return route_unit_linears(spec, family, switchable)

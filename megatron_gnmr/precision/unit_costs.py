@@ -21,16 +21,18 @@ CORE_ATTENTION = "self_attention.core_attention"  # the unit kind (controller/un
 
 def _macs_per_token(config) -> dict[str, float]:
     """fprop MACs per token of each kind of unit (whole model, no TP split)."""
+    from megatron_gnmr.model_families import family_of
+
     m = config.model
-    d_head = m.hidden_size // m.num_attention_heads
-    groups = m.num_query_groups or m.num_attention_heads
+    family = family_of(config)
+    query_key, value = family.head_widths(config)
     expert = m.moe_ffn_hidden_size or m.ffn_hidden_size
     routed = (m.moe_router_topk / m.num_experts) if m.num_experts else 0.0
     shared = m.moe_shared_expert_intermediate_size or 0
     return {
-        "self_attention.linear_qkv": m.hidden_size * (m.num_attention_heads + 2 * groups) * d_head,
-        "self_attention.linear_proj": m.hidden_size * m.hidden_size,
-        CORE_ATTENTION: 2 * m.seq_length * m.num_attention_heads * d_head,
+        **{f"self_attention.{linear.name}": linear.in_features * linear.out_features
+           for linear in family.attention_linears(config)},
+        CORE_ATTENTION: m.seq_length * m.num_attention_heads * (query_key + value),
         "mlp.linear_fc1": m.hidden_size * 2 * m.ffn_hidden_size,
         "mlp.linear_fc2": m.ffn_hidden_size * m.hidden_size,
         "mlp.shared_experts.linear_fc1": m.hidden_size * 2 * shared,

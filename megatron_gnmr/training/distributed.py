@@ -18,6 +18,7 @@ from megatron_gnmr.platform import apply_cpu_patches, device, megatron_compat
 def initialize(config: RunConfig) -> None:
     """Start torch.distributed (also for a single process) and megatron's parallel state."""
     megatron_compat.bind_missing_moe_helpers()  # any machine without TE, CUDA or not
+    megatron_compat.tell_mla_whether_te_is_there()
     apply_cpu_patches()
     if not torch.distributed.is_initialized():
         backend = device.distributed_backend()

@@ -21,7 +21,7 @@ import torch
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.consensus import on_every_rank
-from megatron_gnmr.training.resume_contract import base_settings
+from megatron_gnmr.training.resume_contract import base_settings, recorded_as_default
 
 ADAPTER = ".adapter."
 
@@ -42,7 +42,7 @@ def check_base_fits(directory: Path, base: dict | None, current: dict) -> None:
         raise UserError(f"--load {directory}: meta.json records no settings (written by an "
                         "older megatron-gnmr)")
     for name, value in base_settings(current).items():
-        if base.get(name) != value:
+        if base.get(name) != value and not recorded_as_default(base, name, value):
             raise UserError(f"--finetune --load {directory}: the base was written with {name} "
                             f"{base.get(name)!r}, this run has {value!r}; fine-tune with the "
                             "base's model shape and parallel layout")

@@ -42,6 +42,7 @@ from megatron_gnmr.data.datasets import (
 )
 from megatron_gnmr.errors import RunAborted
 from megatron_gnmr.lora.adapters import lora_units
+from megatron_gnmr.model_families import family_of
 from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
 from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite, NoMonitors
@@ -175,7 +176,8 @@ class Trainer:
             sharded_gradients=config.parallel.use_distributed_optimizer,
             attention_sums=attention_sums, unit_costs=costs.budget_costs(registry.names),
         ) if config.gnmr.enabled else PlainStep()
-        self.monitors = MonitorSuite(config.monitor, self.model, shape.names()) \
+        self.monitors = MonitorSuite(config.monitor, self.model, shape.names(),
+                                     family_of(config)) \
             if config.monitor.monitors else NoMonitors()
 
     def _log_timeline_image(self, step: int) -> None:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_gnmr.model_families import family_of
+
 GIB = 1024 ** 3
 
 
@@ -85,8 +87,8 @@ def _parameters_per_rank(config) -> tuple[int, int]:
     tp, pp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
                   p.expert_model_parallel_size)
     h, f = m.hidden_size, m.ffn_hidden_size
-    kv = (m.num_query_groups or m.num_attention_heads) * (h // m.num_attention_heads)
-    attention = (h * (h + 2 * kv) + h * h) // tp
+    attention = sum(linear.in_features * linear.out_features
+                    for linear in family_of(config).attention_linears(config)) // tp
     norms = 2 * h
     layers = m.num_layers // pp
     dense_mlp = 3 * h * f // tp
@@ -118,7 +120,11 @@ def _activations(config, in_flight: int) -> tuple[float, str]:
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
     s, b, h, f = m.seq_length, t.micro_batch_size, m.hidden_size, m.ffn_hidden_size
     heads = m.num_attention_heads
-    kv = (m.num_query_groups or heads) * (h // heads)
+    linears = family_of(config).attention_linears(config)
+    # what the attention's GEMMs write: its input projections' outputs, the output
+    # projection's input
+    attention_width = sum(linear.out_features for linear in linears[:-1]) + \
+        linears[-1].in_features
     tokens, size = s * b, (2 if t.bf16 else 4)
     # SwiGLU widths a token goes through: its k experts' and the shared expert's
     mlp_width = (m.moe_router_topk * (m.moe_ffn_hidden_size or f)
@@ -126,7 +132,7 @@ def _activations(config, in_flight: int) -> tuple[float, str]:
     split_sequence = tp if p.sequence_parallel else 1
     replicated = tokens * size * 4 * h / split_sequence
     softmax = heads * s * s * b * size / tp
-    split = tokens * size * ((h + 2 * kv) + h + 4 * mlp_width) / tp
+    split = tokens * size * (attention_width + 4 * mlp_width) / tp
     layer = replicated + split + softmax
     layers = m.num_layers // pp
     recomputing = 0.0  # one layer's activations while full recompute rebuilds it

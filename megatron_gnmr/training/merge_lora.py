@@ -13,8 +13,10 @@ import argparse
 import json
 from pathlib import Path
 
+from megatron_gnmr.config import RunConfig
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.lora.merge import merge_group
+from megatron_gnmr.model_families import row_parallel_linears
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.finetune import recorded_base
 
@@ -42,10 +44,11 @@ def merge_run(run_dir: str, out: str) -> Path:
     else:
         bases = adapters
     scale = lora["alpha"] / lora["dim"]
+    row_parallel = row_parallel_linears(RunConfig.from_dict(config))
     merged = []
     for first in range(0, world, tp):
         group = slice(first, first + tp)
-        merged.extend(merge_group(bases[group], adapters[group], scale))
+        merged.extend(merge_group(bases[group], adapters[group], scale, row_parallel))
     config["lora"]["enabled"] = False
     config["training"]["finetune"] = False
     settings = {k: v for k, v in meta["settings"].items() if not k.startswith("--lora")

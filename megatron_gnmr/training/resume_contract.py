@@ -11,13 +11,16 @@ may change freely: settings are not state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
-from megatron_gnmr.config import ModelConfig, flag_name
+from megatron_gnmr.config import ModelConfig, RunConfig, flag_name
+from megatron_gnmr.controller.config import UNITS_FORMER_DEFAULT
 from megatron_gnmr.errors import UserError
 
 CONTRACT = {
     "model": None,  # every field
+    "mla": None,  # the deepseek-mla family's widths
     # The layout of saved state; sequence parallelism, overlap and recompute change none.
     "parallel": ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                  "expert_model_parallel_size", "use_distributed_optimizer"),
@@ -31,6 +34,8 @@ WHEN_ON = {  # checked only when the component is on in both runs (its on-switch
     "monitor": ("monitors", ("monitor_detector", "monitor_interval", "monitor_delta")),
     "lora": ("enabled", ("target_modules", "dim", "alpha")),
 }
+# Defaults whose spelling changed while what they select did not: {flag: former values}.
+FORMER_DEFAULTS = {"--gnmr-units": (UNITS_FORMER_DEFAULT,)}
 LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
           "expert_model_parallel_size")
 
@@ -65,14 +70,36 @@ def check_resume(directory, saved: dict | None, current: dict) -> None:
         raise UserError(f"--load {directory}: meta.json records no settings (written by an "
                         "older megatron-gnmr); start a new run")
     for name, value in current.items():
-        if name not in saved:
+        if name not in saved and not recorded_as_default(saved, name, value):
             raise UserError(f"--load {directory}: the checkpoint does not record {name} (written"
                             " by another version of megatron-gnmr); start a new run")
-        if saved[name] != value:
+        if saved.get(name) != value and not recorded_as_default(saved, name, value):
             raise UserError(f"--load {directory}: the checkpoint was written with {name} "
                             f"{_show(saved[name])}, this run has {_show(value)}; resume with the "
                             f"checkpoint's {name}, or start a new run (another --save, or "
                             "--overwrite)")
+
+
+def recorded_as_default(saved: dict, name: str, value) -> bool:
+    """Whether a checkpoint that lacks `name`, or records a former spelling of its default,
+    ran with `value`: true when `value` is the setting's default (a setting is added with a
+    default that keeps what the project did before it existed)."""
+    defaults = contract_defaults()
+    if name not in defaults or value != defaults[name]:
+        return False
+    return name not in saved or saved[name] in FORMER_DEFAULTS.get(name, ())
+
+
+@functools.lru_cache(maxsize=None)
+def contract_defaults() -> dict:
+    """{flag: default} of every setting the contract can record. A setting is added with a
+    default that keeps what the project did before it existed, so a checkpoint written
+    before it ran with that default."""
+    config = RunConfig()
+    return json.loads(json.dumps({
+        flag_name(section, spec.name): getattr(getattr(config, section), spec.name)
+        for section in (*CONTRACT, *WHEN_ON)
+        for spec in dataclasses.fields(getattr(config, section))}))
 
 
 def _show(value) -> str:

@@ -1,0 +1,116 @@
+"""What a model family is: the contract every family file fills in.
+
+A family decides everything that depends on the shape of a decoder layer's attention (the MLP
+and its experts are megatron's SwiGLU MLP in every family, `MLP_LINEARS`): which linears are
+units and in which order, how big their GEMMs are, which megatron spec and config build the
+layer, how each unit linear is routed through a precision backend, what the attention monitor
+reads as each head's query and key maps, and which linears LoRA adapts by default. Nothing
+outside `model_families/` names an attention linear; a third family is one file and one
+entry in `model_families/__init__.py` (docs/architecture.md shows one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+
+# The SwiGLU MLP's linears, dense or per expert, in every family (megatron's MLP): fc1 is the
+# fused gate and up projection (column-parallel), fc2 the down projection (row-parallel).
+MLP_LINEARS = ("linear_fc1", "linear_fc2")
+
+Route = Callable[[type], type]
+"""A precision backend's routing: megatron's linear class -> its path-routed subclass."""
+
+
+@dataclass(frozen=True)
+class UnitLinear:
+    """One attention linear that is a unit, with its GEMM shape over the whole model (before
+    any tensor-parallel split)."""
+
+    name: str
+    """Its attribute in megatron's attention module (and the last part of its unit name)."""
+    parallel: str
+    """"column" (weight and output split along N over TP) or "row" (split along K)."""
+    in_features: int
+    """K: the GEMM's inner dimension."""
+    out_features: int
+    """N: its output width."""
+
+
+@dataclass(frozen=True)
+class QueryKeyMaps:
+    """Each local head's query and key maps as SPEC 7.1 reads them (d_model x d_qk, the map
+    from the residual stream to the head's query / key), and the rows of the stacked W_q, W_k
+    this rank contributes to their spectra (every row on exactly one tensor-parallel rank, so
+    the rows gathered over TP are the same in every layout)."""
+
+    queries: torch.Tensor  # [local heads, d_model, d_qk]
+    keys: torch.Tensor  # [local key heads, d_model, d_qk]
+    group_of_head: torch.Tensor  # [local heads]: the key head each query head reads
+    query_rows: torch.Tensor  # [rows, d_model]
+    key_rows: torch.Tensor  # [rows, d_model]
+
+
+class ModelFamily(Protocol):
+    name: str
+    """Its `--model-family` value."""
+    lora_targets: tuple[str, ...]
+    """The linears `--lora` adapts when `--lora-target-modules` is not given."""
+
+    def attention_linears(self, config: Any) -> tuple[UnitLinear, ...]:
+        """The attention linears that are units, in canonical order: the input projections,
+        then the output projection (a switchable core attention sits between them)."""
+
+    def head_widths(self, config: Any) -> tuple[int, int]:
+        """Each head's (query/key, value) widths: what the core attention's QK^T and PV
+        GEMMs contract over."""
+
+    def check(self, config: Any) -> None:
+        """Raise a UserError naming the flag for a model this family cannot build, or a
+        family setting given to another family's run."""
+
+    def transformer_config(self, config: Any) -> tuple[type, dict]:
+        """megatron's TransformerConfig class for this family and the fields it adds."""
+
+    def layer_spec(self, spec_builder: Callable[..., Any], num_experts: int | None) -> Any:
+        """A layer spec from megatron's builder (`megatron_compat.local_layer_spec` or
+        `te_layer_spec`), given this family's keywords."""
+
+    def route_attention_linears(self, spec: Any, route: Route) -> Any:
+        """A copy of the spec whose attention unit linears are built from `route(cls)`."""
+
+    def attention_linear_classes(self, spec: Any) -> dict[str, type]:
+        """The classes a layer spec builds its attention unit linears from (present in the
+        spec: MLA's query linears depend on --q-lora-rank)."""
+
+    def attention_weights(self, attention: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """What the attention monitor snapshots: this rank's tensors that its query and key
+        maps are made of (detached, float32 copies)."""
+
+    def query_key_maps(self, weights: dict[str, torch.Tensor], attention: torch.nn.Module,
+                       tp_group: Any) -> QueryKeyMaps:
+        """The maps of `weights` (a snapshot or the live weights), float64. A collective
+        over `tp_group` where the maps need other ranks' rows: every rank calls it."""
+
+    def upgrade_snapshot(self, snapshot: Any) -> dict[str, torch.Tensor]:
+        """A snapshot read from a checkpoint, in the form `attention_weights` gives today."""
+
+
+def gather_rows(matrix: torch.Tensor, group: Any) -> torch.Tensor:
+    """The rows every rank of `group` holds, stacked in rank order (ranks may hold different
+    numbers of rows: MLA's shared RoPE key rows live on one rank)."""
+    world = torch.distributed.get_world_size(group) if group is not None else 1
+    if world == 1:
+        return matrix
+    counts = [torch.zeros(1, dtype=torch.int64, device=matrix.device) for _ in range(world)]
+    torch.distributed.all_gather(
+        counts, torch.tensor([matrix.shape[0]], dtype=torch.int64, device=matrix.device),
+        group=group)
+    counts = [int(count) for count in counts]
+    padded = matrix.new_zeros(max(counts), *matrix.shape[1:])
+    padded[:matrix.shape[0]] = matrix
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(parts, padded, group=group)
+    return torch.cat([part[:count] for part, count in zip(parts, counts)])
