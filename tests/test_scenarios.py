@@ -98,7 +98,8 @@ def test_the_frontier_noise_scenario_is_valid_runs():
         assert config.model.num_layers >= 4 and config.model.hidden_size >= 256
 
 
-@pytest.mark.parametrize("name", ["frontier_act_quant", "frontier_w4a4", "frontier_w3a3"])
+@pytest.mark.parametrize("name", ["frontier_act_quant", "frontier_w4a4", "frontier_w3a3",
+                                  "frontier_w8a2"])
 def test_frontier_arms_share_one_optimizer_path_and_keep_their_budget(name):
     """Every arm is a valid run on the controller's optimizer path (its clipping is not
     bitwise megatron's), the frontier names only variants the scenario has, and each static
