@@ -80,6 +80,10 @@ def test_a_new_alarm_detector_is_one_file_and_one_registry_line(tmp_path, monkey
             def update(self, step, value):
                 return {"expected": 0.0, "band": 0.0} if self.rule.push(value < 0) else None
 
+            @property
+            def firing(self):
+                return self.rule.firing
+
             def state_dict(self):
                 return {"rule": self.rule.state_dict()}
 
@@ -97,7 +101,39 @@ def test_a_new_alarm_detector_is_one_file_and_one_registry_line(tmp_path, monkey
 
     book = AlarmBook(detector="fixed", patience=2)
     values = np.array([1.0, -1.0, -2.0, -3.0, 1.0])
-    events = [book.observe(step, "attention", 0, "H_D2_mean", v)
-              for step, v in enumerate(values, start=1)]
+    events, firing = [], []
+    for step, value in enumerate(values, start=1):
+        events.append(book.observe(step, "attention", 0, "H_D2_mean", value))
+        firing.append(book.signals["attention/layer0/H_D2_mean"].firing)
     assert [step for step, event in enumerate(events, start=1) if event] == [3]
     assert events[2]["detector"] == "fixed"
+    assert firing == [False, False, True, True, False]  # what the `monitor` risk signal reads
+
+
+def test_every_registered_monitor_and_detector_has_its_protocols_members():
+    """The Protocols in monitors/contracts.py list what the suite uses; each registered class
+    has all of it (a missing member fails here, not at a check step hours into a run)."""
+    from megatron_gnmr.monitors.attention import AttentionMonitor
+    from megatron_gnmr.monitors.contracts import Detector, Monitor
+    from megatron_gnmr.monitors.router import RouterMonitor
+
+    def members(protocol):  # methods, properties and declared attributes
+        return {name for name in [*vars(protocol), *protocol.__annotations__]
+                if not name.startswith("_")}
+
+    for monitor in (AttentionMonitor, RouterMonitor):
+        assert members(Monitor) <= set(dir(monitor)), monitor
+    for detector in detectors.DETECTORS.values():
+        assert members(Detector) <= set(dir(detector)), detector
+
+
+def test_signal_keys_read_back_what_they_write():
+    from megatron_gnmr.monitors.contracts import SignalKey
+
+    key = SignalKey("attention", 3, "H_D2_mean")
+    assert key.metric == "monitor/attention/layer3/H_D2_mean"
+    assert key.alarm == "attention/layer3/H_D2_mean"
+    assert SignalKey.from_metric(key.metric) == key == SignalKey.from_alarm(key.alarm)
+    assert SignalKey.from_alarm("router/entropy_mean") == SignalKey("router", None, "entropy_mean")
+    assert SignalKey.from_metric("gnmr/recovered") is None
+    assert SignalKey.from_metric("monitor/attention/layerX/H") is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from megatron_gnmr.monitors.contracts import Detector, SignalKey
 from megatron_gnmr.monitors.detectors import DETECTORS, ReferenceProfile
 from megatron_gnmr.monitors.families import failure_direction
 
@@ -41,17 +42,18 @@ class AlarmBook:
                 self.references[key], self.reference_smooth, min_relative_spread=0.01)
         return self.profiles[key]
 
-    def new_detector(self, key: str):
+    def new_detector(self, key: str) -> Detector:
+        """The run's detector for one signal (`key`: its `SignalKey.alarm`)."""
         kind = self.detector
         if kind == "reference" and not self.references.get(key):
             kind = "trend"  # a signal the references never logged
-        direction = failure_direction(key.split("/")[-1]) if self.one_sided else 0
+        direction = failure_direction(SignalKey.from_alarm(key).name) if self.one_sided else 0
         return DETECTORS[kind].for_signal(key, self, band=self.band, patience=self.patience,
                                           direction=direction)
 
     def observe(self, step: int, family: str, layer: int | None, name: str,
                 value: float) -> dict | None:
-        key = f"{family}/{name}" if layer is None else f"{family}/layer{layer}/{name}"
+        key = SignalKey(family, layer, name).alarm
         detector = self.signals.get(key)
         if detector is None:
             detector = self.signals[key] = self.new_detector(key)

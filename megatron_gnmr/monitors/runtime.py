@@ -11,6 +11,7 @@ never changed by them.
 from __future__ import annotations
 
 from megatron_gnmr.monitors.alarms import AlarmBook
+from megatron_gnmr.monitors.contracts import Monitor, SignalKey
 from megatron_gnmr.monitors.detectors.reference_runs import load_reference_signals
 from megatron_gnmr.monitors.families import FAMILIES, parse_families
 
@@ -22,7 +23,8 @@ class MonitorSuite:
         (`model_families/`)."""
         self.unit_names = list(unit_names)
         self.interval = config.monitor_interval
-        self.monitors = {name: FAMILIES[name].monitor(model_chunks, config, model_family)
+        self.monitors: dict[str, Monitor] = {
+            name: FAMILIES[name].monitor(model_chunks, config, model_family)
                          for name in parse_families(config.monitors)}
         references = config.monitor_reference
         self.alarms = AlarmBook(
@@ -46,7 +48,7 @@ class MonitorSuite:
                 alarm_signals = FAMILIES[family].alarm_signals
                 for layer, values in (monitor.measure() or {}).items():
                     for name, value in values.items():
-                        metrics[f"monitor/{family}/layer{layer}/{name}"] = value
+                        metrics[SignalKey(family, layer, name).metric] = value
                         if name in alarm_signals:
                             alarm = self.alarms.observe(step, family, layer, name, value)
                             if alarm is not None:
@@ -64,11 +66,10 @@ class MonitorSuite:
         """The unit-name prefixes named by every layer alarm that is firing now (the signal
         is still outside its band)."""
         out = set()
-        for key, detector in self.alarms.signals.items():
-            family, layer = key.split("/")[:2]
-            if detector.rule.firing and layer.startswith("layer"):
-                out.add(self._named(FAMILIES[family].unit_prefixes(
-                    int(layer.removeprefix("layer")))))
+        for text, detector in self.alarms.signals.items():
+            key = SignalKey.from_alarm(text)
+            if detector.firing and key.layer is not None:
+                out.add(self._named(FAMILIES[key.family].unit_prefixes(key.layer)))
         return frozenset(out)
 
     def _named(self, prefixes: tuple[str, ...]) -> str:

@@ -18,11 +18,11 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from megatron_gnmr.monitors.detectors.streak import Streak, beyond
+from megatron_gnmr.monitors.detectors.streak import FiresByStreak, Streak, beyond
 
 
 @dataclass
-class OnlineBand:
+class OnlineBand(FiresByStreak):
     kind: ClassVar[str] = "online"
     skip: int = 2
     baseline_samples: int = 16

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from megatron_gnmr.monitors.detectors.streak import Streak, beyond
+from megatron_gnmr.monitors.detectors.streak import FiresByStreak, Streak, beyond
 from megatron_gnmr.monitors.detectors.trend import MAD_TO_STD
 
 
@@ -77,7 +77,7 @@ class ReferenceProfile:
 
 
 @dataclass
-class ReferenceBand:
+class ReferenceBand(FiresByStreak):
     kind: ClassVar[str] = "reference"
     profile: ReferenceProfile
     skip: int = 2

@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.monitors.contracts import SignalKey
 from megatron_gnmr.monitors.families import FAMILIES
 from megatron_gnmr.jsonl import read_jsonl
 
@@ -53,15 +54,12 @@ def monitor_series(records: list[dict]) -> list[tuple[int, str, int | None, str,
             losses.append(loss if isinstance(loss, (int, float)) else math.nan)
         checked = False
         for key, value in record.items():
-            if not key.startswith("monitor/"):
-                continue
-            parts = key.split("/")
-            if len(parts) != 4 or not parts[2].removeprefix("layer").isdigit():
-                continue  # a per-layer signal is monitor/FAMILY/layerN/NAME
-            family, layer, name = parts[1:]
-            if family in FAMILIES and name in FAMILIES[family].alarm_signals:
+            signal = SignalKey.from_metric(key)
+            if signal is None or signal.layer is None:
+                continue  # not a per-layer monitor signal
+            if signal.family in FAMILIES and signal.name in FAMILIES[signal.family].alarm_signals:
                 number = value if isinstance(value, (int, float)) else math.nan
-                out.append((record["step"], family, int(layer.removeprefix("layer")), name,
+                out.append((record["step"], signal.family, signal.layer, signal.name,
                             float(number)))
                 checked = True
         if checked and losses:

@@ -21,6 +21,17 @@ def beyond(value: float, expected: float, allowed: float, direction: int) -> boo
     return not deviation <= allowed  # NaN counts as beyond
 
 
+class FiresByStreak:
+    """A detector whose alarm state is its `rule` (a Streak): `firing` as the
+    `contracts.Detector` Protocol asks."""
+
+    rule: "Streak"
+
+    @property
+    def firing(self) -> bool:
+        return self.rule.firing
+
+
 @dataclass
 class Streak:
     patience: int

@@ -43,7 +43,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from megatron_gnmr.monitors.detectors.streak import Streak, beyond
+from megatron_gnmr.monitors.detectors.streak import FiresByStreak, Streak, beyond
 
 NOISE_FALSE_ALARM_RATE = 1e-4
 MAD_TO_STD = 1.4826
@@ -65,7 +65,7 @@ def extrapolation_inflation(x: np.ndarray, x0: float) -> float:
 
 
 @dataclass
-class TrendModel:
+class TrendModel(FiresByStreak):
     kind: ClassVar[str] = "trend"
     skip: int = 2
     window: int = 16
