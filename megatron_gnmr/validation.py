@@ -75,7 +75,7 @@ def validate_scale_features(config: RunConfig) -> None:
         from megatron_gnmr.platform import capabilities
         from megatron_gnmr.precision.backends import backend
 
-        te_layers = backend(config.precision).layer_spec is not None
+        te_layers = backend(config.precision).transformer_engine_layers
         fusion = capabilities.gradient_accumulation_fusion(te_layers)
         if not fusion:
             raise UserError(f"--gradient-accumulation-fusion: {fusion.reason}")
@@ -114,7 +114,7 @@ def _validate_attention_backend(config: RunConfig) -> None:
         raise UserError(f"--use-flash-attn asks for flash attention, --attention-backend "
                         f"{t.attention_backend} for another; give one of them")
     chosen = "flash" if t.use_flash_attn else t.attention_backend
-    uses_te = backend(config.precision).layer_spec is not None
+    uses_te = backend(config.precision).transformer_engine_layers
     flag = "--use-flash-attn" if t.use_flash_attn else f"--attention-backend {chosen}"
     if chosen in ("flash", "fused", "unfused") and not uses_te:
         raise UserError(f"{flag} selects a Transformer Engine attention "
@@ -172,7 +172,7 @@ def validate_static_recovery(config: RunConfig) -> None:
         if not 0 <= value <= config.model.num_layers:
             raise UserError(f"--{flag.replace('_', '-')} {value}: use 0 to --num-layers "
                             f"({config.model.num_layers})")
-    if precision.first_last_layers_bf16 and precision.precision_recipe == "none":
+    if precision.first_last_layers_bf16 and not backend(precision).quantizes:
         raise UserError("--first-last-layers-bf16 needs a --precision-recipe: without one "
                         "every layer already runs in the run's precision")
 
@@ -202,7 +202,7 @@ def validate_precision(config: RunConfig) -> None:
         from megatron_gnmr.controller.units import UnitShape
         from megatron_gnmr.precision.kept_high import kept_high
 
-        if precision.precision_recipe == "none":
+        if not backend(precision).quantizes:
             raise UserError("--precision-config-file needs a --precision-recipe: without one "
                             "every unit already runs in the run's precision")
         # the whole file as megatron reads it (raises a UserError naming the problem)
@@ -230,7 +230,7 @@ def validate_attention_precision(config: RunConfig) -> None:
                         f"got {precision.attention_precision!r}")
     if not switchable_attention(config):
         return
-    if backend(precision).layer_spec is not None:
+    if backend(precision).transformer_engine_layers:
         raise UserError(f"--attention-precision / --attention-fault-bits with --precision-recipe "
                         f"{precision.precision_recipe}: the switchable core attention is the "
                         "emulated one of the local layer spec; this backend builds its own "
@@ -376,11 +376,13 @@ def validate_lora(config: RunConfig) -> None:
         return
     from megatron_gnmr.controller.units import UnitShape
     from megatron_gnmr.lora.adapters import check_dim, check_rank, check_targets, lora_targets
+    from megatron_gnmr.precision.backends import backend as precision_backend
 
     if config.model.num_experts:
         raise UserError("--lora with --num-experts is not supported yet (dense models only)")
-    if config.precision.precision_recipe == "te-fp8":
-        raise UserError("--lora with --precision-recipe te-fp8 is not supported yet: TE fuses "
+    if precision_backend(config.precision).transformer_engine_layers:
+        raise UserError(f"--lora with --precision-recipe {config.precision.precision_recipe} "
+                        "is not supported yet: TE fuses "
                         "the norm into the attention's input projection and linear_fc1, whose "
                         "adapters need the "
                         "normalised input")

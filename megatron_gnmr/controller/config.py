@@ -145,7 +145,7 @@ class GNMRRunConfig(GNMRConfig):
     """Stop the run after this many consecutive steps with non-finite gradients."""
     signals: str = "gnmr"
     """Risk signals, comma list (a unit's risk is the max of their scores): gnmr, qerr, monitor;
-    baselines random, static, oracle (see controller/signals.py)."""
+    baselines random, static, oracle (see controller/signals/)."""
     measure: str = ""
     """Probed signals to measure and trace without acting on them (qerr, oracle), for replay."""
     qerr_ratio: float = limit(1.5, gt=0)

@@ -110,7 +110,7 @@ class GNMRPolicy:
     def step(self, norms, other_risk=None, use_gnmr: bool = True) -> Decision:
         """Score this step's per-unit gradient norms and choose the next recovery set.
 
-        `other_risk`: per-unit scores of other risk signals (`controller/signals.py`), already
+        `other_risk`: per-unit scores of other risk signals (`controller/signals/`), already
         normalised so that > 1 is risky; a unit's risk is the max of its scores. Without
         `use_gnmr` the GNMR scores are computed (and traced) but do not decide."""
         norms = self._as_vector(norms)

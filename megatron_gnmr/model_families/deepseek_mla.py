@@ -15,8 +15,11 @@ split outputs before their norms.
 What the attention monitor reads (SPEC 7.1) for MLA: the QK product of head h is the
 bilinear form x A_h B_h^T x'^T with A_h = [W_q,content^h | W_q,rope^h] and B_h = [W_kv_up,k^h
 diag(g_kv) W_kv_down,latent | W_kv_down,rope] (d_model x (qk_head_dim + rope)), the latent
-norm's weight g_kv included and its per-token 1/rms left out (a positive scale per token, as
-the layer's input norm is left out for LLaMA; RoPE's rotation is left out in both). So D2 =
+norms' weights included and their per-token 1/rms left out (a positive scale per token, as
+the layer's input norm is left out for LLaMA; with --q-lora-rank the query goes through
+W_q,up diag(g_q) W_q,down the same way). RoPE's rotation is left out in both families
+(megatron's MLA also reorders the RoPE dimensions, evens then odds, in query and key alike,
+which leaves the product unchanged). So D2 =
 dA B^T + A dB^T is the first-order change of that form: a content part that moves through
 the latent (the up and down projections compose, so their increments are taken of the
 composed maps, not of each weight), and a position part of rank at most qk_pos_emb_head_dim

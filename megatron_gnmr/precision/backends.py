@@ -4,8 +4,9 @@ A backend says how a run's unit linears are built (the layer spec), which pair o
 switch between (the recipe, for the path-routed linears; None for a backend that switches
 by its own means, as TE does), what it checks up front, which megatron `TransformerConfig`
 fields it sets, whether the qerr/oracle probes can measure its low path, and whether it runs
-MoE models. Adding a backend is one file (its recipe or spec) and one entry here; nothing
-else in the project names a backend.
+MoE models. Adding a backend is one file (its recipe or spec) and one entry here; checks ask
+a backend for these capabilities instead of naming it (`experiments/gpu_check.py` names the
+backends it exercises on a GPU).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ class Backend:
     per_gemm_recovery: bool = True
     """A unit's fprop, dgrad and wgrad GEMMs can take the recovery path one by one
     (`--precision-recovery-gemms`; the emulated kernels)."""
+    transformer_engine_layers: bool = False
+    """Its layers are Transformer Engine's (their attention kernels, their fused norms)."""
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether anything runs in low precision (False: megatron's own linears)."""
+        return self.recipe is not None or self.layer_spec is not None
 
 
 def _te_spec(family, num_experts):
@@ -102,7 +110,7 @@ BACKENDS = {
     "te-fp8": Backend(recipe=None, layer_spec=_te_spec, validate=_te_validate,
                       megatron_fields=lambda p: {"fp8": p.fp8_format, "fp8_recipe": p.fp8_recipe},
                       probes=False, experts=True, options=FP8_OPTIONS,
-                      per_gemm_recovery=False),
+                      per_gemm_recovery=False, transformer_engine_layers=True),
 }
 
 
