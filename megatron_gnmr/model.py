@@ -119,8 +119,8 @@ def layer_spec(config: RunConfig, moe: bool = True):
     backend = precision_backend(config.precision)
     family = family_of(config)
     if backend.layer_spec is not None:
-        return backend.layer_spec(family, num_experts)
-    spec = family.local_layer_spec(num_experts)
+        return backend.layer_spec(family, config, num_experts)
+    spec = family.local_layer_spec(config, num_experts)
     from megatron_gnmr.precision.attention_fault import switchable_attention
 
     if config.training.emulated_attention or switchable_attention(config):

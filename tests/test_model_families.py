@@ -135,10 +135,10 @@ def test_query_key_maps_are_megatrons_queries_and_keys(megatron_world, flags):
 
     config, _, attention = _attention(*flags)
     generator = torch.Generator().manual_seed(0)
+    normed = bool(flags)  # the latents are normalised with a query latent (deepseek_mla.py)
     with torch.no_grad():  # norm weights away from 1, so leaving them out would show
-        for norm in ("q_layernorm", "kv_layernorm"):
-            if hasattr(attention, norm):
-                getattr(attention, norm).weight.uniform_(0.5, 1.5, generator=generator)
+        for norm in ("q_layernorm", "kv_layernorm") if normed else ():
+            getattr(attention, norm).weight.uniform_(0.5, 1.5, generator=generator)
         x = torch.randn(1, 8, 64, generator=generator)  # [seq 1, batch 8, d_model]
         query, key, *_ = attention.get_query_key_value_tensors(x)
     maps = DEEPSEEK_MLA.query_key_maps(DEEPSEEK_MLA.attention_weights(attention), attention,
@@ -148,10 +148,11 @@ def test_query_key_maps_are_megatrons_queries_and_keys(megatron_world, flags):
         latent = tokens @ projection.weight.detach().double()[:rows].T
         return torch.sqrt(latent.pow(2).mean(-1, keepdim=True) + config.model.norm_epsilon)
 
-    query_scale = rms(attention.linear_q_down_proj, 24) if flags else 1.0
+    query_scale = rms(attention.linear_q_down_proj, 24) if normed else 1.0
+    key_scale = rms(attention.linear_kv_down_proj, 32) if normed else 1.0
     for h in range(4):
         queries, keys = tokens @ maps.queries[h] / query_scale, tokens @ maps.keys[h]
-        keys[:, :16] /= rms(attention.linear_kv_down_proj, 32)
+        keys[:, :16] /= key_scale
         np.testing.assert_allclose(query[0, :, h, :16].double(), queries[:, :16], rtol=1e-5,
                                    atol=1e-6)  # the content parts, element by element
         np.testing.assert_allclose(key[0, :, h, :16].double(), keys[:, :16], rtol=1e-5,

@@ -16,10 +16,10 @@ class Qwen3(Llama):
         config_class, fields = super().transformer_config(config)
         return config_class, {**fields, "qk_layernorm": True}
 
-    def local_layer_spec(self, num_experts):
+    def local_layer_spec(self, config, num_experts):
         return megatron_compat.local_layer_spec(num_experts, qk_layernorm=True)
 
-    def te_layer_spec(self, num_experts):
+    def te_layer_spec(self, config, num_experts):
         return megatron_compat.te_layer_spec(num_experts, qk_layernorm=True)
 
 

@@ -74,9 +74,12 @@ class ModelFamily(Protocol):
     def transformer_config(self, config: Any) -> tuple[type, dict]:
         """megatron's TransformerConfig class for this family and the fields it adds."""
 
-    def layer_spec(self, spec_builder: Callable[..., Any], num_experts: int | None) -> Any:
-        """A layer spec from megatron's builder (`megatron_compat.local_layer_spec` or
-        `te_layer_spec`), given this family's keywords."""
+    def local_layer_spec(self, config: Any, num_experts: int | None) -> Any:
+        """megatron's local (no Transformer Engine) layer spec of this family's model
+        (`megatron_compat.local_layer_spec` with the family's keywords)."""
+
+    def te_layer_spec(self, config: Any, num_experts: int | None) -> Any:
+        """megatron's Transformer Engine layer spec of this family's model."""
 
     def route_attention_linears(self, spec: Any, route: Route) -> Any:
         """A copy of the spec whose attention unit linears are built from `route(cls)`."""

@@ -123,25 +123,25 @@ class DeepSeekMLA:
             "multi_latent_attention": True, "num_query_groups": config.model.num_attention_heads,
             "q_lora_rank": s.q_lora_rank, "kv_lora_rank": s.kv_lora_rank,
             "qk_head_dim": s.qk_head_dim, "qk_pos_emb_head_dim": s.qk_pos_emb_head_dim,
-            "v_head_dim": s.v_head_dim,
+            "v_head_dim": s.v_head_dim, "qk_layernorm": _latent_norms(config),
             # plain RoPE on the decoupled part (YaRN is DeepSeek's context extension, a
             # fine-tuning step; megatron's MLA default)
             "rope_type": "rope", "rotary_scaling_factor": 1.0}
 
-    def local_layer_spec(self, num_experts: int | None):
-        """megatron's local MLA layer with DeepSeek's latent norms. Its core attention is the
-        emulated flash attention (exact unless a low-precision attention is asked for):
-        megatron's local `DotProductAttention` takes no separate key and value widths."""
+    def local_layer_spec(self, config, num_experts: int | None):
+        """megatron's local MLA layer. Its core attention is the emulated flash attention
+        (exact unless a low-precision attention is asked for): megatron's local
+        `DotProductAttention` takes no separate key and value widths."""
         from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
 
         spec = megatron_compat.local_layer_spec(num_experts, multi_latent_attention=True,
-                                                qk_layernorm=True)
+                                                qk_layernorm=_latent_norms(config))
         megatron_compat.attention_submodules(spec).core_attention = EmulatedFlashAttention
         return _with_routable_attention(spec)
 
-    def te_layer_spec(self, num_experts: int | None):
+    def te_layer_spec(self, config, num_experts: int | None):
         return _with_routable_attention(megatron_compat.te_layer_spec(
-            num_experts, multi_latent_attention=True, qk_layernorm=True))
+            num_experts, multi_latent_attention=True, qk_layernorm=_latent_norms(config)))
 
     def route_attention_linears(self, spec, route):
         spec = copy.deepcopy(spec)
@@ -200,6 +200,15 @@ def _normed(rows: torch.Tensor, norm_weight: torch.Tensor | None) -> torch.Tenso
     return rows if norm_weight is None else norm_weight[:, None] * rows
 
 
+def _latent_norms(config) -> bool:
+    """DeepSeek normalises its latents (RMSNorm on the query latent and on the key/value
+    latent). megatron's `qk_layernorm` builds both or neither, and without Transformer
+    Engine's fused norm+linear (0.19's local spec has none) a key/value norm comes only
+    with a query latent: so the latents are normalised with --q-lora-rank (V2, V3) and not
+    without it (a V2-Lite-shaped model here has norm-free latents, on either release)."""
+    return config.mla.q_lora_rank is not None
+
+
 def _with_routable_attention(spec):
     spec = copy.deepcopy(spec)
     megatron_compat.submodules_of(spec).self_attention.module = routable_mla_attention()
@@ -249,6 +258,15 @@ def routable_mla_attention() -> type:
     class RoutableMLASelfAttention(MLASelfAttention):
         def __init__(self, *args, down_projections: dict[str, type] | None = None, **kwargs):
             super().__init__(*args, **kwargs)
+            if not self.config.sequence_parallel:
+                # Each TP rank normalises the whole gathered latent, so its norm weights'
+                # gradients are whole already; megatron sums every `*q_layernorm*` /
+                # `*k_layernorm*` gradient over TP under qk_layernorm (right for per-head
+                # norms, TP times too much here). Averaged, they stay whole.
+                for norm in (getattr(self, "q_layernorm", None), self.kv_layernorm):
+                    weight = getattr(norm, "weight", None)
+                    if weight is not None:
+                        weight.average_gradients_across_tp_domain = True
             for name, routed in (down_projections or {}).items():
                 module = getattr(self, name, None)
                 if module is not None and type(module) is not routed:

@@ -66,10 +66,10 @@ class Llama:
         return TransformerConfig, {"num_query_groups": m.num_query_groups or m.num_attention_heads,
                                    "kv_channels": m.hidden_size // m.num_attention_heads}
 
-    def local_layer_spec(self, num_experts: int | None):
+    def local_layer_spec(self, config, num_experts: int | None):
         return megatron_compat.local_layer_spec(num_experts)
 
-    def te_layer_spec(self, num_experts: int | None):
+    def te_layer_spec(self, config, num_experts: int | None):
         return megatron_compat.te_layer_spec(num_experts)
 
     def route_attention_linears(self, spec, route):

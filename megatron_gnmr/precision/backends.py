@@ -22,9 +22,9 @@ from megatron_gnmr.precision import recipes
 class Backend:
     recipe: Callable | None
     """PrecisionConfig -> Recipe (low and recovery paths of the path-routed linears)."""
-    layer_spec: Callable[[object, int | None], object] | None = None
-    """(model family, num_experts) -> megatron layer spec; None: the family's local spec
-    with path-routed linears."""
+    layer_spec: Callable[[object, object, int | None], object] | None = None
+    """(model family, RunConfig, num_experts) -> megatron layer spec; None: the family's local
+    spec with path-routed linears."""
     validate: Callable | None = None
     """RunConfig -> None (raises UserError): checks before anything is built."""
     megatron_fields: Callable = lambda precision: {}
@@ -50,10 +50,10 @@ class Backend:
         return self.recipe is not None or self.layer_spec is not None
 
 
-def _te_spec(family, num_experts):
+def _te_spec(family, config, num_experts):
     from megatron_gnmr.precision.te_backend import switchable_layer_spec
 
-    return switchable_layer_spec(family.te_layer_spec(num_experts), family)
+    return switchable_layer_spec(family.te_layer_spec(config, num_experts), family)
 
 
 def _te_validate(config):
