@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from megatron_gnmr.monitors.config import DEFAULTS  # the settings' one home
 from megatron_gnmr.monitors.contracts import Detector, SignalKey
 from megatron_gnmr.monitors.detectors import DETECTORS, ReferenceProfile
 from megatron_gnmr.monitors.families import failure_direction
@@ -17,13 +18,13 @@ from megatron_gnmr.monitors.families import failure_direction
 @dataclass
 class AlarmBook:
     detector: str = "trend"
-    band: float = 4.0
-    patience: int = 5
-    baseline_samples: int = 16
-    trend_window: int = 16
-    trend_horizon: int = 12
+    band: float = DEFAULTS.monitor_band
+    patience: int = DEFAULTS.monitor_patience
+    baseline_samples: int = DEFAULTS.monitor_baseline_samples
+    trend_window: int = DEFAULTS.monitor_trend_window
+    trend_horizon: int = DEFAULTS.monitor_trend_horizon
     trend_axis: str = "log"
-    reference_smooth: int = 4
+    reference_smooth: int = DEFAULTS.monitor_reference_smooth
     one_sided: bool = True
     """Alarm only on a signal's failure side (`families.failure_direction`); False: both."""
     references: dict[str, list[dict[int, float]]] = field(default_factory=dict)

@@ -37,3 +37,8 @@ class MonitorConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "monitor")
+
+
+# The defaults, for the alarm book and the detectors built outside a run (replays, tests):
+# declared once, above.
+DEFAULTS = MonitorConfig()

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from megatron_gnmr.monitors.config import DEFAULTS  # the settings' one home
 from megatron_gnmr.monitors.detectors.streak import FiresByStreak, Streak, beyond
 
 
@@ -25,9 +26,9 @@ from megatron_gnmr.monitors.detectors.streak import FiresByStreak, Streak, beyon
 class OnlineBand(FiresByStreak):
     kind: ClassVar[str] = "online"
     skip: int = 2
-    baseline_samples: int = 16
-    band: float = 4.0
-    patience: int = 5
+    baseline_samples: int = DEFAULTS.monitor_baseline_samples
+    band: float = DEFAULTS.monitor_band
+    patience: int = DEFAULTS.monitor_patience
     min_relative_spread: float = 0.01
     direction: int = 0
     """+1 / -1: only a deviation above / below the baseline counts; 0: both."""

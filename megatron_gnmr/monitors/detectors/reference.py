@@ -28,6 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from megatron_gnmr.monitors.config import DEFAULTS  # the settings' one home
 from megatron_gnmr.monitors.detectors.streak import FiresByStreak, Streak, beyond
 from megatron_gnmr.monitors.detectors.trend import MAD_TO_STD
 
@@ -81,9 +82,9 @@ class ReferenceBand(FiresByStreak):
     kind: ClassVar[str] = "reference"
     profile: ReferenceProfile
     skip: int = 2
-    smooth: int = 4
-    band: float = 4.0
-    patience: int = 5
+    smooth: int = DEFAULTS.monitor_reference_smooth
+    band: float = DEFAULTS.monitor_band
+    patience: int = DEFAULTS.monitor_patience
     direction: int = 0
     """+1 / -1: only a deviation above / below the references counts; 0: both."""
     seen: int = 0

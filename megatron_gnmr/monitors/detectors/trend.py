@@ -43,6 +43,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from megatron_gnmr.monitors.config import DEFAULTS  # the settings' one home
 from megatron_gnmr.monitors.detectors.streak import FiresByStreak, Streak, beyond
 
 NOISE_FALSE_ALARM_RATE = 1e-4
@@ -68,10 +69,10 @@ def extrapolation_inflation(x: np.ndarray, x0: float) -> float:
 class TrendModel(FiresByStreak):
     kind: ClassVar[str] = "trend"
     skip: int = 2
-    window: int = 16
-    horizon: int = 12
-    band: float = 4.0
-    patience: int = 5
+    window: int = DEFAULTS.monitor_trend_window
+    horizon: int = DEFAULTS.monitor_trend_horizon
+    band: float = DEFAULTS.monitor_band
+    patience: int = DEFAULTS.monitor_patience
     min_relative_spread: float = 1e-3
     direction: int = 0
     """+1 / -1: only a deviation above / below the expectation counts; 0: both."""
