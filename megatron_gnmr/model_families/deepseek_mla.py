@@ -144,14 +144,14 @@ class DeepSeekMLA:
             num_experts, multi_latent_attention=True, qk_layernorm=_latent_norms(config)))
 
     def route_attention_linears(self, spec, route):
-        spec = copy.deepcopy(spec)
-        node = megatron_compat.submodules_of(spec).self_attention
-        attention = node.submodules
-        routed = {name: route(getattr(attention, name)) for name in (Q, Q_UP, KV_UP, PROJ)}
-        spec = megatron_compat.replace_attention_linears(spec, routed)
+        linears = {name: getattr(megatron_compat.attention_submodules(spec), name)
+                   for name in (Q, Q_DOWN, Q_UP, KV_DOWN, KV_UP, PROJ)}
+        routed = {name: route(cls) for name, cls in linears.items() if cls is not None}
+        spec = megatron_compat.replace_attention_linears(
+            spec, {name: cls for name, cls in routed.items() if name not in DOWN_PROJECTIONS})
         node = megatron_compat.submodules_of(spec).self_attention
         node.params = {**node.params, "down_projections": {
-            name: route(getattr(node.submodules, name)) for name in DOWN_PROJECTIONS}}
+            name: cls for name, cls in routed.items() if name in DOWN_PROJECTIONS}}
         return spec
 
     def attention_linear_classes(self, spec) -> dict[str, type]:
