@@ -37,13 +37,14 @@ def flop_shares(run_dir: Path, units: list[str], gemms: str) -> dict[str, float]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
-        "Which rule to use (docs/results.md section 12, 8 layers x 128, 4 seeds): on the "
-        "saved-activation stress the first layer alone (Megatron's --first-last-layers-bf16 "
-        "--num-layers-at-end-in-bf16 0; 12.5% of the GEMM FLOPs) recovered 0.89 of the loss "
-        "gap, and with --precision-recovery-gemms wgrad the same at 4.2%; this ranking by "
-        "measured error recovered 0.82 at 12.5% and less at 25%, and the last layer nothing. "
-        "Start from the first layer; calibrate what remains, and check it against the first "
-        "layer alone on paired seeds (megatron-gnmr compare-frontier).")
+        "Which rule to use (docs/results.md section 12, 8 layers x 128, 4 seeds, two "
+        "stresses): the first layer alone (Megatron's --first-last-layers-bf16 "
+        "--num-layers-at-end-in-bf16 0; 12.5% of the GEMM FLOPs) recovered 0.89 and 0.87 of "
+        "the loss gap; with --precision-recovery-gemms wgrad the same at 4.2% where only the "
+        "backward is quantized (saved activations), nothing where the forward is (W8A2). "
+        "This ranking by measured error recovered 0.82 and 0.11 at 12.5%, and the last layer "
+        "-0.09 and 0.23. Start from the first layer; calibrate what remains, and check it "
+        "against the first layer alone on paired seeds (megatron-gnmr compare-frontier).")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run traced with --gnmr-measure")
     parser.add_argument("--budget", type=float, default=0.125,
                         help="share of the units' GEMM FLOPs (or of the units, with "
