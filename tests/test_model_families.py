@@ -83,11 +83,16 @@ def test_resume_accepts_a_checkpoint_older_than_a_setting_at_its_default():
     from megatron_gnmr.controller.config import UNITS_FORMER_DEFAULT
     from megatron_gnmr.training.resume_contract import check_resume, resume_settings
 
-    current = resume_settings(parse_config([*TINY, "--gnmr"]), "d", 512, 1)
+    current = resume_settings(parse_config([*TINY, "--gnmr", "--lora"]), "d", 512, 1)
     older = {name: value for name, value in current.items()
              if name not in ("--model-family", "--kv-lora-rank")}
     older["--gnmr-units"] = UNITS_FORMER_DEFAULT
+    older["--lora-target-modules"] = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
     check_resume("run", older, current)
+    older["--lora-target-modules"] = ["linear_fc1"]  # not a default: the run differs
+    with pytest.raises(UserError, match="--lora-target-modules"):
+        check_resume("run", older, current)
+    older["--lora-target-modules"] = current["--lora-target-modules"]
     mla = resume_settings(parse_config([*TINY, *MLA, "--gnmr"]), "d", 512, 1)
     with pytest.raises(UserError, match="--model-family"):
         check_resume("run", older, mla)

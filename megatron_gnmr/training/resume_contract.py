@@ -35,7 +35,10 @@ WHEN_ON = {  # checked only when the component is on in both runs (its on-switch
     "lora": ("enabled", ("target_modules", "dim", "alpha")),
 }
 # Defaults whose spelling changed while what they select did not: {flag: former values}.
-FORMER_DEFAULTS = {"--gnmr-units": (UNITS_FORMER_DEFAULT,)}
+FORMER_DEFAULTS = {"--gnmr-units": (UNITS_FORMER_DEFAULT,),
+                   # LLaMA's four linears, spelled out before the families' defaults
+                   "--lora-target-modules": (["linear_qkv", "linear_proj", "linear_fc1",
+                                              "linear_fc2"],)}
 LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
           "expert_model_parallel_size")
 
