@@ -1,11 +1,11 @@
 """The model families (`--model-family`): the registry.
 
 A family (`model_families/base.py`'s `ModelFamily`) owns everything that depends on the
-attention's shape: its unit linears and their GEMM shapes, the megatron spec and config, the routing of
-its linears through a precision backend, the attention monitor's query and key maps, LoRA's
-default targets. A family with settings of its own declares them in its file (a dataclass,
-`settings_section`) and `config.RunConfig` holds that section; they are refused on another
-family's run. Adding a family is its file and one entry here.
+attention's shape: its unit linears and their GEMM shapes, the megatron spec and config, the
+routing of its linears through a precision backend, the attention monitor's query and key
+maps, LoRA's default targets. A family with settings of its own declares them in its file
+(a dataclass, `settings_section`) and `config.RunConfig` holds that section; they are
+refused on another family's run. Adding a family is its file and one entry here.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import json
 
 from megatron_gnmr.config import ModelConfig, RunConfig, flag_name
 from megatron_gnmr.controller.config import UNITS_FORMER_DEFAULT
+from megatron_gnmr.model_families.llama import LLAMA
 from megatron_gnmr.errors import UserError
 
 CONTRACT = {
@@ -37,8 +38,7 @@ WHEN_ON = {  # checked only when the component is on in both runs (its on-switch
 # Defaults whose spelling changed while what they select did not: {flag: former values}.
 FORMER_DEFAULTS = {"--gnmr-units": (UNITS_FORMER_DEFAULT,),
                    # LLaMA's four linears, spelled out before the families' defaults
-                   "--lora-target-modules": (["linear_qkv", "linear_proj", "linear_fc1",
-                                              "linear_fc2"],)}
+                   "--lora-target-modules": (list(LLAMA.lora_targets),)}
 LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
           "expert_model_parallel_size")
 
