@@ -15,7 +15,8 @@ import pytest
 SLOW_MODULES = {"test_alarm_detectors_live", "test_dashboard", "test_data_safety",
                 "test_gpu_check", "test_observability", "test_replay", "test_signals_live",
                 "test_scenarios"}
-SLOW_TESTS = {"test_bad_input_exits_2_with_one_line"}
+SLOW_TESTS = {"test_bad_input_exits_2_with_one_line",
+              "test_the_harness_runs_through_the_extension_points"}
 
 
 def pytest_configure(config):

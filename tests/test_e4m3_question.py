@@ -1,6 +1,7 @@
 """The E4M3 question's own quantizer (issue 24): the independent implementation agrees with
 the project's bit for bit, its stochastic rounding stays on the grid and is unbiased, its
-noise variant has the rounding's error norm; the paired comparison by hand."""
+noise variant has the rounding's error norm; the paired comparison by hand; the harness runs
+through the project's extension points (a backend and a kernel), not by patching."""
 
 import pytest
 import torch
@@ -60,3 +61,33 @@ def test_paired_comparison_by_hand():
     assert c["mean"] == pytest.approx(0.02) and c["a_worse"] == 2
     assert c["std"] == pytest.approx(0.0264575, rel=1e-5)
     assert -0.01 <= c["interval"][0] <= c["mean"] <= c["interval"][1] <= 0.04
+
+
+def test_the_harness_runs_through_the_extension_points(tmp_path):
+    """Each variant is a registered backend (and kernel) selected by flags, not a patch: the
+    independent kernel trains step for step as the project's emulated path (the same
+    numbers, computed apart), and a unit subset keeps every other unit exact through a
+    precision config file."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, train_losses
+
+    def run(variant):
+        out = tmp_path / variant
+        subprocess.run([sys.executable, "-m", "megatron_gnmr.experiments.e4m3_question",
+                        "--run", variant, "--seed", "3", "--out", str(out), "--smoke"],
+                       cwd=REPO, check=True, capture_output=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return out
+
+    project, independent = run("e4m3-fwd"), run("e4m3-fwd-independent")
+    losses, again = train_losses(project), train_losses(independent)
+    assert sorted(losses) == list(range(1, 21))
+    assert [again[s] for s in losses] == pytest.approx([losses[s] for s in losses], rel=1e-6)
+    kept = (run("e4m3-fwd-qkv") / "kept_exact.yaml").read_text()
+    assert "linear_qkv" not in kept.split("matchers:")[1]
+    for name in ("linear_proj", "linear_fc1", "linear_fc2"):
+        assert f"decoder.layers.1.{'self_attention' if name == 'linear_proj' else 'mlp'}." \
+               f"{name}" in kept

@@ -18,13 +18,19 @@ seed and batches. The variants separate the hypotheses:
 - the optimizer and the model: a lower learning rate, a wider model, more seeds.
 
 Each run is a child process of this module (`--run VARIANT --seed S --out DIR`) that
-installs its variant into the project's precision path and calls `pretrain_llama.main`.
+registers its variant in the project's extension points (a precision backend whose low path
+is the variant's, a GEMM kernel where the variant computes the GEMMs itself, a precision
+config file keeping the other units exact) and calls `pretrain_llama.main` with them. (Until
+issue 33 it patched the project's functions instead; the stochastic and noise variants now
+quantize inside this module's kernel, the same arithmetic, so a rerun may draw the generator
+in another order than section 8's runs did.)
 Results: `results/e4m3_question/` (results.md, results.json, one run directory per run).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -125,29 +131,51 @@ MAX = {"e4m3": 448.0, "e3m2": 28.0, "e5m2": 57344.0, "e2m3": 7.5}
 GRANULARITY = {"input": "tile", "weight": "block", "grad": "tile"}
 
 
-def install(variant: Variant, seed: int) -> None:
-    """Route every unit linear (or those matching `variant.units`) through the variant's low
-    path; the others run megatron's own linear."""
-    from megatron_gnmr.precision import linear, paths
+def install(variant: Variant, seed: int, out: Path, config_flags: list[str]) -> list[str]:
+    """Register the variant's low path in the project's extension points (a backend of its
+    own; for the independent, stochastic and noise variants a GEMM kernel of its own too) and
+    return the flags that select it: every unit linear runs the low path, or only those
+    matching `variant.units` (the others are kept exact through a precision config file)."""
+    from megatron_gnmr.precision.backends import BACKENDS, Backend
+    from megatron_gnmr.precision.kernels import KERNELS
     from megatron_gnmr.precision.paths import GemmPath
-    from megatron_gnmr.precision.plan import PrecisionRuntime
-    from megatron_gnmr.precision.recipes import EXACT
+    from megatron_gnmr.precision.recipes import EXACT, Recipe
     from megatron_gnmr.precision.scaling import QuantSpec
 
     specs = {kind: QuantSpec(fmt, GRANULARITY[kind], variant.pow2)
              for kind, fmt in variant.operands.items()}
-    low = GemmPath("question", **specs)
-    units = re.compile(variant.units) if variant.units else None
-    PrecisionRuntime.path_for = lambda self, unit: \
-        low if units is None or units.search(unit) else EXACT
-    if variant.rounding == "independent":
-        linear.emulated_linear = _independent_linear
-    elif variant.rounding in ("stochastic", "noise"):
+    kernel = "emulated"  # the project's own quantizer and GEMMs (round to nearest)
+    if variant.rounding != "nearest":
         import torch
 
+        kernel = f"e4m3-question-{variant.rounding}"
         generator = torch.Generator().manual_seed(10_000 + seed)
-        paths.quantize = lambda x, spec, amax_group=None: _quantize_independently(
-            x, spec, variant.rounding, generator)
+        KERNELS[kernel] = independent_kernel(variant.rounding, generator)
+    low = GemmPath("question", **specs, kernel=kernel)
+    BACKENDS[RECIPE] = Backend(recipe=lambda precision: Recipe(RECIPE, low, EXACT))
+    flags = ["--precision-recipe", RECIPE]
+    if variant.units:
+        flags += ["--precision-config-file", str(_kept_exact(variant.units, out,
+                                                             config_flags + flags))]
+    return flags
+
+
+RECIPE = "e4m3-question"
+
+
+def _kept_exact(pattern: str, out: Path, flags: list[str]) -> Path:
+    """A precision config file keeping exact every unit linear that `pattern` misses."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.controller.units import UnitShape
+    from megatron_gnmr.precision import precision_config_file
+
+    names = UnitShape.of(parse_config(flags)).names()
+    path = out / "kept_exact.yaml"
+    out.mkdir(parents=True, exist_ok=True)
+    precision_config_file.write(str(path), [name for name in names
+                                            if not re.search(pattern, name)],
+                                note=f"units outside {pattern!r} stay exact")
+    return path
 
 
 def _quantize_independently(x, spec, rounding: str = "nearest", generator=None):
@@ -213,12 +241,22 @@ def _stochastic(scaled, fmt: str, generator):
     return torch.copysign(rounded, scaled)
 
 
-def _independent_linear(x, weight, bias, path, allreduce_dgrad, tp_group, probe=None,
-                        parallel=None):
-    assert bias is None and not allreduce_dgrad, "the independent path is TP=1, no bias"
-    return _IndependentLinear.apply(x, weight, path)
+def independent_kernel(rounding: str, generator=None):
+    """A GEMM kernel (`precision/kernels.py`) built on this module's own quantizer and
+    autograd function, rounding as the variant asks: `independent` to nearest, `stochastic`,
+    or `noise` (the rounding's error norm as Gaussian noise)."""
+    def quantize(x, spec):
+        return _quantize_independently(x, spec, "nearest" if rounding == "independent"
+                                       else rounding, generator)
+
+    def kernel(x, weight, bias, path, allreduce_dgrad, tp_group, probe, parallel):
+        assert bias is None and not allreduce_dgrad, "the independent path is TP=1, no bias"
+        return _independent_function().apply(x, weight, path, quantize)
+
+    return kernel
 
 
+@functools.lru_cache(maxsize=None)
 def _independent_function():
     import torch
 
@@ -226,35 +264,24 @@ def _independent_function():
         """y = Q_in(x) Q_w(W)^T; dx = Q_g(dy) Q_w(W); dW = Q_g(dy)^T Q_in(x)."""
 
         @staticmethod
-        def forward(ctx, x, weight, path):
-            x_q = x if path.input is None else _quantize_independently(x, path.input)
-            w_q = weight if path.weight is None else _quantize_independently(weight,
-                                                                             path.weight)
+        def forward(ctx, x, weight, path, quantize):
+            x_q = x if path.input is None else quantize(x, path.input)
+            w_q = weight if path.weight is None else quantize(weight, path.weight)
             ctx.save_for_backward(x_q, w_q)
-            ctx.path = path
+            ctx.path, ctx.quantize = path, quantize
             return torch.matmul(x_q, w_q.t())
 
         @staticmethod
         def backward(ctx, grad_output):
             x_q, w_q = ctx.saved_tensors
             spec = ctx.path.grad
-            g_q = grad_output if spec is None else _quantize_independently(grad_output, spec)
+            g_q = grad_output if spec is None else ctx.quantize(grad_output, spec)
             grad_input = torch.matmul(g_q, w_q)
             grad_weight = torch.matmul(g_q.reshape(-1, g_q.shape[-1]).t(),
                                        x_q.reshape(-1, x_q.shape[-1]))
-            return grad_input, grad_weight, None
+            return grad_input, grad_weight, None, None
 
     return IndependentLinear
-
-
-class _LazyFunction:
-    def apply(self, *args):
-        global _IndependentLinear
-        _IndependentLinear = _independent_function()
-        return _IndependentLinear.apply(*args)
-
-
-_IndependentLinear = _LazyFunction()
 
 
 # -- running the variants ---------------------------------------------------------------------
@@ -263,11 +290,10 @@ def child(name: str, seed: int, out: Path, smoke: bool) -> None:
     sys.path.insert(0, str(REPO))
     from pretrain_llama import main
 
-    install(variant, seed)
     flags = [*BASE, *(SMOKE if smoke else []), *variant.flags, "--seed", str(seed),
              "--save", str(out)]
     if variant.operands:  # megatron's local layers with the path-routed unit linears
-        flags += ["--precision-recipe", "deepseek"]
+        flags += install(variant, seed, out, flags)
     main(flags)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
-from megatron_gnmr.precision.paths import emulated_linear
+from megatron_gnmr.precision.kernels import KERNELS
 
 
 class _PathRoutedLinear:
@@ -36,13 +36,8 @@ class _PathRoutedLinear:
             # input, as with plain TP but without the input-gradient all-reduce.
             input = gather_from_sequence_parallel_region(input, group=self.tp_group)
             allreduce_dgrad = False
-        if path.kernel == "torchao":
-            from megatron_gnmr.precision.torchao_linear import torchao_linear
-
-            return torchao_linear(input, weight, kwargs.get("bias"), path, allreduce_dgrad,
-                                  self.tp_group, self.parallel, probe)
-        return emulated_linear(input, weight, kwargs.get("bias"), path, allreduce_dgrad,
-                               self.tp_group, probe, parallel=self.parallel)
+        return KERNELS[path.kernel](input, weight, kwargs.get("bias"), path, allreduce_dgrad,
+                                    self.tp_group, probe, self.parallel)
 
 
 class EmulatedColumnParallelLinear(_PathRoutedLinear, ColumnParallelLinear):

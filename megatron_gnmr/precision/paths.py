@@ -47,8 +47,8 @@ class GemmPath:
     hadamard_signs: tuple[float, ...] | None = None
     """The random Hadamard transform's signs, applied along tokens to both wgrad operands."""
     kernel: str = "emulated"
-    """How the quantized GEMMs run: `emulated` (fake-quantized operands, float GEMMs) or
-    `torchao` (real FP8 GEMMs, `precision/torchao_linear.py`)."""
+    """How the quantized GEMMs run, a name in `kernels.KERNELS`: `emulated` (fake-quantized
+    operands, float GEMMs) or `torchao` (real FP8 GEMMs, `precision/torchao_linear.py`)."""
 
     def __post_init__(self):
         if (self.wgrad_input is None) != (self.wgrad_grad is None):
