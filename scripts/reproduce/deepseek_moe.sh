@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The DeepSeek-style MoE pipeline at quickstart size (configs/deepseek_tiny_cpu.yaml: DeepSeek's
 # multi-latent attention, a dense first layer, 8 fine-grained routed experts + a shared
-# expert, sigmoid routing with the
-# expert bias, EP=2 on 2 processes, the deepseek recipe with tokens quantized before the
-# dispatch, GNMR and both monitors), beside the same model all on the low path (no
-# controller) and in full precision. ~10 minutes on 2 cores; a finished run is kept.
+# expert, sigmoid routing with the expert bias, EP=2 on 2 processes, the deepseek recipe with
+# tokens quantized before the dispatch, GNMR and both monitors), beside the same model all on
+# the low path (no controller) and in full precision. ~10 minutes on 2 cores; a finished run is kept.
 # Results in results/deepseek_moe/ (one run directory each, report.png; the report prints
 # the share of unit-steps each kind of unit spent on the recovery path).
 set -euo pipefail
