@@ -36,7 +36,9 @@ def validate_model(config: RunConfig) -> None:
     """The model family can build this model, and no other family's setting is set."""
     from megatron_gnmr.model_families import family_of, inapplicable_settings
 
-    for section, name, family in inapplicable_settings(config):
+    foreign = inapplicable_settings(config)
+    if foreign:
+        section, name, family = foreign[0]
         raise UserError(f"{flag_name(section, name)} is a setting of --model-family {family}; "
                         f"this run's is {config.model.model_family}")
     family_of(config).check(config)

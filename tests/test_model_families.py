@@ -196,3 +196,18 @@ def test_every_mla_linear_is_path_routed_and_its_low_path_quantizes(megatron_wor
     torch.testing.assert_close(plain, exact)
     assert 1e-4 < (low - exact).abs().max() / exact.abs().max() < 0.2
 
+
+
+def test_lora_adapts_every_mla_linear_the_model_has_by_default():
+    """Without --lora-target-modules LoRA adapts every unit linear: with and without a query
+    latent (a default naming the latent's linears was refused on a model without one)."""
+    from megatron_gnmr.lora.adapters import lora_units
+
+    for flags, query in (([], ["linear_q_proj"]), (Q_LORA, ["linear_q_down_proj",
+                                                             "linear_q_up_proj"])):
+        config = _config(*flags, "--lora", "--lora-dim", "8")
+        validate(config, world_size=1)
+        adapted = [name for name in UnitShape.of(config).names() if lora_units(config)(name)]
+        assert [name.rsplit(".", 1)[1] for name in adapted[:len(query) + 5]] == [
+            *query, "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj", "linear_fc1",
+            "linear_fc2"]

@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> Path:
     precision_config_file.write(
         str(out), chosen,
         note=f"megatron-gnmr calibrate {args.run_dir} --budget {args.budget} --budget-in "
-             f"{args.budget_in}{first}: the {len(chosen)} of {len(ranked)} units\n({100 * share:.1f}% "
-             f"of the {args.budget_in}){gemms} with the largest mean {measure} over "
+             f"{args.budget_in}{first}: the {len(chosen)} of {len(ranked)} units\n"
+             f"({100 * share:.1f}% of the {args.budget_in}){gemms} with the largest mean {measure} over "
              f"{len(trace.steps)} traced steps, kept in BF16.\nMegatron: "
              f"--te-precision-config-file FILE; megatron-gnmr: --precision-config-file FILE")
     print(f"calibrate: ranked {len(ranked)} units by mean {measure} over "

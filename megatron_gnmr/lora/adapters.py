@@ -109,10 +109,10 @@ def _is_bare(target: str) -> bool:
 
 
 def lora_targets(config) -> list[str]:
-    """The run's targets: --lora-target-modules, else the model family's default."""
-    from megatron_gnmr.model_families import family_of
+    """The run's targets: --lora-target-modules, else every unit linear of the model."""
+    from megatron_gnmr.model_families import unit_linear_names
 
-    return list(config.lora.target_modules) or list(family_of(config).lora_targets)
+    return list(config.lora.target_modules) or unit_linear_names(config)
 
 
 def lora_units(config):

@@ -3,7 +3,7 @@
 A family (`model_families/base.py`'s `ModelFamily`) owns everything that depends on the
 attention's shape: its unit linears and their GEMM shapes, the megatron spec and config, the
 routing of its linears through a precision backend, the attention monitor's query and key
-maps, LoRA's default targets. A family with settings of its own declares them in its file
+maps. A family with settings of its own declares them in its file
 (a dataclass, `settings_section`) and `config.RunConfig` holds that section; they are
 refused on another family's run. Adding a family is its file and one entry here.
 """
@@ -55,6 +55,13 @@ def unit_linear_classes(spec, family: ModelFamily) -> dict[str, type]:
     """The classes a layer spec builds its unit linears from, by name (for checks and
     tests)."""
     return {**family.attention_linear_classes(spec), **megatron_compat.mlp_linear_classes(spec)}
+
+
+def unit_linear_names(config) -> list[str]:
+    """The last part of every unit linear's name in a RunConfig's model: the family's
+    attention linears (those this model has), then the MLP's."""
+    return [linear.name for linear in family_of(config).attention_linears(config)] + \
+        list(megatron_compat.MLP_LINEARS)
 
 
 def row_parallel_linears(config) -> set[str]:

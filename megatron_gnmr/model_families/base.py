@@ -4,9 +4,10 @@ A family decides everything that depends on the shape of a decoder layer's atten
 and its experts are megatron's SwiGLU MLP in every family, `MLP_LINEARS`): which linears are
 units and in which order, how big their GEMMs are, which megatron spec and config build the
 layer, how each unit linear is routed through a precision backend, what the attention monitor
-reads as each head's query and key maps, and which linears LoRA adapts by default. Nothing
-outside `model_families/` names an attention linear; a third family is one file and one
-entry in `model_families/__init__.py` (docs/architecture.md shows one).
+reads as each head's query and key maps (LoRA adapts every unit linear by default). Nothing
+outside `model_families/` builds on an attention linear's name (help texts and the former
+`--gnmr-units` default in `controller/config.py` spell LLaMA's); a third family is one file
+and one entry in `model_families/__init__.py` (docs/architecture.md shows one).
 """
 
 from __future__ import annotations
@@ -56,8 +57,6 @@ class QueryKeyMaps:
 class ModelFamily(Protocol):
     name: str
     """Its `--model-family` value."""
-    lora_targets: tuple[str, ...]
-    """The linears `--lora` adapts when `--lora-target-modules` is not given."""
 
     def attention_linears(self, config: Any) -> tuple[UnitLinear, ...]:
         """The attention linears that are units, in canonical order: the input projections,

@@ -78,7 +78,6 @@ class MLAConfig:
 class DeepSeekMLA:
     name = "deepseek-mla"
     settings_section = "mla"
-    lora_targets = (Q, Q_UP, KV_UP, PROJ, *MLP_LINEARS)
 
     def attention_linears(self, config) -> tuple[UnitLinear, ...]:
         m, s = config.model, config.mla

@@ -26,7 +26,6 @@ ATTENTION_LINEARS = (QKV, PROJ)
 
 class Llama:
     name = "llama"
-    lora_targets = (QKV, PROJ, *MLP_LINEARS)
 
     def attention_linears(self, config) -> tuple[UnitLinear, ...]:
         m = config.model

@@ -16,7 +16,8 @@ import json
 
 from megatron_gnmr.config import ModelConfig, RunConfig, flag_name
 from megatron_gnmr.controller.config import UNITS_FORMER_DEFAULT
-from megatron_gnmr.model_families.llama import LLAMA
+from megatron_gnmr.model_families.llama import ATTENTION_LINEARS
+from megatron_gnmr.platform.megatron_compat import MLP_LINEARS
 from megatron_gnmr.errors import UserError
 
 CONTRACT = {
@@ -38,7 +39,7 @@ WHEN_ON = {  # checked only when the component is on in both runs (its on-switch
 # Defaults whose spelling changed while what they select did not: {flag: former values}.
 FORMER_DEFAULTS = {"--gnmr-units": (UNITS_FORMER_DEFAULT,),
                    # LLaMA's four linears, spelled out before the families' defaults
-                   "--lora-target-modules": (list(LLAMA.lora_targets),)}
+                   "--lora-target-modules": ([*ATTENTION_LINEARS, *MLP_LINEARS],)}
 LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
           "expert_model_parallel_size")
 
