@@ -3,17 +3,21 @@
 The test does what a contributor would: it writes a new risk signal's module, registers it
 with one line, and the signal then works end to end: `--gnmr-signals` accepts it, a run
 decides with it, the trace records it and replay scores it again. It does the same for an
-alarm detector.
+alarm detector and for a measured quantity (a probe's new measurement, which a run traces
+and a signal reads live and in replay).
 """
 
 import importlib.util
 import sys
 import textwrap
 
+import ml_dtypes
 import numpy as np
+import torch
 
 from megatron_gnmr.controller import signals
 from megatron_gnmr.monitors import detectors
+from megatron_gnmr.precision import measurements
 from tests.helpers import REPO, TINY, trace_records
 
 TOY_SIGNAL = textwrap.dedent('''
@@ -137,3 +141,100 @@ def test_signal_keys_read_back_what_they_write():
     assert SignalKey.from_alarm("router/entropy_mean") == SignalKey("router", None, "entropy_mean")
     assert SignalKey.from_metric("gnmr/recovered") is None
     assert SignalKey.from_metric("monitor/attention/layerX/H") is None
+
+
+UNDERFLOW = textwrap.dedent('''
+    """`underflow`: the share of the output gradient's nonzero elements that the low path
+    flushes to zero (an example)."""
+
+    import numpy as np
+    import torch
+
+    from megatron_gnmr.precision.measurements.base import Measurement, Slots, low_quantized
+
+
+    class GradientUnderflow(Measurement):
+        name = "underflow"
+        slots = 2  # flushed elements, nonzero elements
+
+        @torch.no_grad()
+        def output_gradient(self, slots: Slots, low_path, grad_output, run_path, g_q, group):
+            quantized = low_quantized(low_path, "grad", grad_output, run_path, g_q, group)
+            if quantized is not None:
+                nonzero = grad_output != 0
+                slots.add(0, (nonzero & (quantized == 0)).sum())
+                slots.add(1, nonzero.sum())
+
+        def value(self, sums: np.ndarray) -> np.ndarray:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return sums[:, 0] / sums[:, 1]
+''')
+
+UNDERFLOW_SIGNAL = textwrap.dedent('''
+    """`most-flushed`: the unit whose gradient underflows most is risky (an example)."""
+
+    import numpy as np
+
+    from megatron_gnmr.controller.signals.base import Observations, RiskSignal
+
+
+    class MostFlushed(RiskSignal):
+        name = "most-flushed"
+        observes = ("underflow",)
+
+        def scores(self, observations: Observations) -> np.ndarray:
+            share = np.nan_to_num(observations.measured["underflow"], nan=-1.0)
+            return np.where(share == share.max(), 3.0, 0.0)
+''')
+
+
+def test_a_new_measured_quantity_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
+    (tmp_path / "underflow.py").write_text(UNDERFLOW)  # the one new file
+    underflow = load(tmp_path / "underflow.py", "underflow").GradientUnderflow()
+    monkeypatch.setitem(measurements.MEASUREMENTS, "underflow", underflow)  # the registry line
+
+    # The probe hands it the low path's gradient in its own slots, after qerr's: against an
+    # independent per-tensor E5M2 cast (ml_dtypes), on a gradient with a tail of tiny values.
+    from megatron_gnmr.precision.paths import GemmPath, emulated_linear
+    from megatron_gnmr.precision.probes import ProbeBank
+    from megatron_gnmr.precision.scaling import QuantSpec
+
+    low = GemmPath("fp8", QuantSpec("e4m3"), QuantSpec("e4m3"), QuantSpec("e5m2"))
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(32, 16, generator=gen) * torch.exp(4 * torch.randn(32, 16, generator=gen))
+    x, w = torch.randn(32, 24, generator=gen), torch.randn(16, 24, generator=gen)
+    bank = ProbeBank(["u"], low, ("qerr", "underflow"))
+    emulated_linear(x.requires_grad_(), w.requires_grad_(), None, GemmPath("exact"), False,
+                    None, bank.probe("u")).backward(g)  # shadow: the unit runs exact
+    measured = measurements.values(("qerr", "underflow"), bank.take().reshape(1, -1).numpy())
+    g64 = g.double().numpy()
+    scale = float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max) / np.abs(g64).max()
+    cast = (g64 * scale).astype(np.float32).astype(ml_dtypes.float8_e5m2).astype(np.float64)
+    expected = ((cast == 0) & (g64 != 0)).sum() / (g64 != 0).sum()
+    assert 0 < expected < 1
+    assert measured["underflow"][0] == expected
+
+    # A run traces it, a signal that reads it decides with it, and replay reads it back.
+    (tmp_path / "most_flushed.py").write_text(UNDERFLOW_SIGNAL)
+    monkeypatch.setitem(signals.SIGNALS, "most-flushed",
+                        load(tmp_path / "most_flushed.py", "most_flushed").MostFlushed)
+    sys.path.insert(0, str(REPO))
+    from pretrain_llama import main
+
+    run = tmp_path / "run"
+    main([*TINY, "--train-iters", "5", "--lr-warmup-iters", "1", "--eval-interval", "100",
+          "--precision-recipe", "fp8-emulated", "--gnmr", "--gnmr-signals", "most-flushed",
+          "--gnmr-warmup", "2", "--gnmr-delta", "1", "--gnmr-max-o", "1", "--save", str(run)])
+    from megatron_gnmr.controller.config import GNMRConfig
+    from megatron_gnmr.controller.replay import replay
+    from megatron_gnmr.controller.trace import read_trace
+
+    trace = read_trace(str(run / "gnmr_trace.jsonl"))
+    shares = trace.measured["underflow"]
+    assert set(trace.measured) == {"underflow"} and shares.shape == (5, len(trace.units))
+    assert np.all((shares >= 0) & (shares <= 1)) and shares.max() > 0
+    most = [int(np.argmax(row)) for row in shares]
+    assert [list(r) for r in trace.recovery[2:]] == [[u] for u in most[2:]]
+    config = GNMRConfig(**{k: v for k, v in trace.config.items()
+                           if k in GNMRConfig.__dataclass_fields__})
+    assert replay(trace, config).matches_recorded == 5

@@ -16,7 +16,8 @@ from megatron_gnmr.controller.signals.qerr import QerrSignal
 from megatron_gnmr.controller.signals.random_units import RandomSignal
 from megatron_gnmr.controller.signals.static_units import StaticSignal
 from megatron_gnmr.precision.paths import GemmPath, emulated_linear
-from megatron_gnmr.precision.probes import SLOTS, ProbeBank, relative_errors
+from megatron_gnmr.precision.measurements import values
+from megatron_gnmr.precision.probes import ProbeBank
 from megatron_gnmr.precision.scaling import QuantSpec
 
 SETTINGS = {"qerr_ratio": 1.5, "qerr_baseline": "history", "static_units": "x", "seed": 0}
@@ -44,6 +45,14 @@ def heavy_tailed(shape, seed, tail):
     return (x * torch.exp(tail * torch.randn(shape, generator=g, dtype=torch.float64))).float()
 
 
+BOTH = ("qerr", "oracle")
+
+
+def read(bank, measured):
+    """The bank's values by name, as the controller reads them after the all-reduce."""
+    return values(measured, bank.take().reshape(len(bank.index), -1).numpy())
+
+
 def run_unit(bank, name, path, x, w, g):
     x = x.clone().requires_grad_(True)
     w = w.clone().requires_grad_(True)
@@ -55,23 +64,23 @@ def run_unit(bank, name, path, x, w, g):
 def test_qerr_probe_is_the_relative_error_of_the_saved_operand():
     x, w = heavy_tailed((32, 48), 0, 1.0), torch.randn(24, 48)
     g = torch.randn(32, 24)
-    bank = ProbeBank(["u"], LOW, oracle=False)
+    bank = ProbeBank(["u"], LOW, ("qerr",))
     run_unit(bank, "u", LOW, x, w, g)
-    qerr, oracle = relative_errors(bank.take().reshape(1, SLOTS).numpy())
+    measured = read(bank, ("qerr",))
     x64 = x.double().numpy()
     expected = np.linalg.norm(int_per_tensor(x64, 3) - x64) / np.linalg.norm(x64)
-    assert qerr[0] == pytest.approx(expected, rel=1e-5)
-    assert np.isnan(oracle[0])  # not measured
+    assert measured["qerr"][0] == pytest.approx(expected, rel=1e-5)
+    assert set(measured) == {"qerr"}  # the oracle was not asked for: no slots, no value
 
 
 def test_shadow_measurement_on_the_recovery_path_reports_the_low_path_and_changes_nothing():
     x, w, g = heavy_tailed((32, 48), 1, 1.0), torch.randn(24, 48), torch.randn(32, 24)
-    low_bank, shadow_bank = ProbeBank(["u"], LOW, True), ProbeBank(["u"], LOW, True)
+    low_bank, shadow_bank = ProbeBank(["u"], LOW, BOTH), ProbeBank(["u"], LOW, BOTH)
     run_unit(low_bank, "u", LOW, x, w, g)
     probed = run_unit(shadow_bank, "u", RECOVERY, x, w, g)
-    plain = run_unit(ProbeBank([], LOW, True), "u", RECOVERY, x, w, g)  # no probe
-    low_q, low_o = relative_errors(low_bank.take().reshape(1, SLOTS).numpy())
-    shadow_q, shadow_o = relative_errors(shadow_bank.take().reshape(1, SLOTS).numpy())
+    plain = run_unit(ProbeBank([], LOW, BOTH), "u", RECOVERY, x, w, g)  # no probe
+    low_q, low_o = read(low_bank, BOTH).values()
+    shadow_q, shadow_o = read(shadow_bank, BOTH).values()
     assert shadow_q[0] == pytest.approx(low_q[0], rel=1e-6)
     assert shadow_o[0] == pytest.approx(low_o[0], rel=1e-5)
     for a, b in zip(probed, plain):
@@ -81,22 +90,22 @@ def test_shadow_measurement_on_the_recovery_path_reports_the_low_path_and_change
 def test_fp8_qerr_is_the_worst_of_its_operands():
     fp8 = GemmPath("fp8", QuantSpec("e4m3"), QuantSpec("e4m3"), QuantSpec("e5m2"))
     x, w, g = heavy_tailed((16, 32), 2, 0.5), torch.randn(8, 32), torch.randn(16, 8)
-    bank = ProbeBank(["u"], fp8, oracle=False)
+    bank = ProbeBank(["u"], fp8, ("qerr",))
     run_unit(bank, "u", GemmPath("exact"), x, w, g)  # shadow: the unit runs exact
-    sums = bank.take().reshape(SLOTS // 2, 2).double().numpy()
+    sums = bank.take().reshape(4, 2).double().numpy()  # (err^2, ref^2) per operand
     per_operand = np.sqrt(sums[:3, 0] / sums[:3, 1])  # input, weight, grad
     # independent reference: per-tensor current scaling through ml_dtypes' FP8 casts
     expected = [fp8_relative_error(t.double().numpy(), dtype) for t, dtype in (
         (x, ml_dtypes.float8_e4m3fn), (w, ml_dtypes.float8_e4m3fn), (g, ml_dtypes.float8_e5m2))]
     assert per_operand == pytest.approx(expected, rel=1e-4)
-    qerr, _ = relative_errors(sums.reshape(1, SLOTS))
+    qerr = values(("qerr",), sums.reshape(1, 8))["qerr"]
     assert qerr[0] == pytest.approx(max(expected), rel=1e-4)
 
 
 def test_oracle_selects_the_units_with_the_largest_true_weight_gradient_error():
     names = ["light", "medium", "heavy", "heaviest"]
     tails = [0.0, 0.6, 1.2, 1.8]
-    bank = ProbeBank(names, LOW, oracle=True)
+    bank = ProbeBank(names, LOW, BOTH)
     expected = []
     for seed, (name, tail) in enumerate(zip(names, tails)):
         x, w, g = heavy_tailed((64, 32), seed, tail), torch.randn(16, 32), torch.randn(64, 16)
@@ -105,10 +114,10 @@ def test_oracle_selects_the_units_with_the_largest_true_weight_gradient_error():
         exact = g64.T @ x64
         low = g64.T @ int_per_tensor(x64, 3)
         expected.append(np.linalg.norm(low - exact) / np.linalg.norm(exact))
-    _, oracle = relative_errors(bank.take().reshape(len(names), SLOTS).numpy())
+    oracle = read(bank, BOTH)["oracle"]
     assert oracle == pytest.approx(expected, rel=1e-4)
     scorer = OracleSignal(names, SETTINGS)
-    observed = Observations(oracle=oracle)
+    observed = Observations({"oracle": oracle})
     policy = GNMRPolicy(GNMRConfig(max_o=2, warmup=2, delta=1), len(names))
     policy.step(np.ones(4), combined([scorer.scores(observed)]), use_gnmr=False)  # warm-up
     policy.step(np.ones(4), combined([scorer.scores(observed)]), use_gnmr=False)
@@ -117,11 +126,11 @@ def test_oracle_selects_the_units_with_the_largest_true_weight_gradient_error():
 
 
 def test_relative_errors_by_hand():
-    sums = np.zeros((2, SLOTS))
+    sums = np.zeros((2, 10))  # qerr's four (err^2, ref^2) pairs, then the oracle's
     sums[0, 0:2] = [1.0, 4.0]   # input: sqrt(1/4) = 0.5
     sums[0, 6:8] = [9.0, 16.0]  # saved: 0.75
     sums[0, 8:10] = [1.0, 100.0]  # oracle: 0.1
-    qerr, oracle = relative_errors(sums)
+    qerr, oracle = values(BOTH, sums).values()
     assert qerr[0] == 0.75 and oracle[0] == pytest.approx(0.1)
     assert np.isnan(qerr[1]) and np.isnan(oracle[1])
 
@@ -129,12 +138,12 @@ def test_relative_errors_by_hand():
 def test_qerr_scores_history_and_peers_by_hand():
     names = ["a", "b", "c"]
     history = QerrSignal(names, {**SETTINGS, "qerr_ratio": 2.0})
-    first = history.scores(Observations(qerr=np.array([0.2, 0.4, 0.8])))
+    first = history.scores(Observations({"qerr": np.array([0.2, 0.4, 0.8])}))
     assert np.isnan(first).all()  # no history yet
-    second = history.scores(Observations(qerr=np.array([0.6, 0.4, 0.8])))
+    second = history.scores(Observations({"qerr": np.array([0.6, 0.4, 0.8])}))
     assert second == pytest.approx([0.6 / (2 * 0.2), 0.4 / (2 * 0.4), 0.8 / (2 * 0.8)])
     peers = QerrSignal(names, {**SETTINGS, "qerr_ratio": 2.0, "qerr_baseline": "peers"})
-    assert peers.scores(Observations(qerr=np.array([0.2, 0.4, 1.2]))) == \
+    assert peers.scores(Observations({"qerr": np.array([0.2, 0.4, 1.2])})) == \
         pytest.approx([0.25, 0.5, 1.5])  # median 0.4
 
 

@@ -22,8 +22,8 @@ def test_live_qerr_and_random_decisions_replay_exactly(tmp_path):
     run_pretrain([*SIGNAL_RUN, "--gnmr-signals", "qerr,random", "--gnmr-qerr-baseline",
                   "peers", "--save", str(tmp_path)])
     trace = read_trace(str(tmp_path / "gnmr_trace.jsonl"))
-    assert set(trace.signals) == {"qerr", "oracle"}
-    assert np.isfinite(trace.signals["qerr"]).all() and (trace.signals["qerr"] > 0).all()
+    assert set(trace.measured) == {"qerr", "oracle"}
+    assert np.isfinite(trace.measured["qerr"]).all() and (trace.measured["qerr"] > 0).all()
     config = GNMRConfig(**{k: v for k, v in trace.config.items()})
     result = replay(trace, config)
     assert result.decisions == trace.recovery and any(trace.recovery)
@@ -41,8 +41,8 @@ def test_qerr_sums_agree_between_one_and_two_data_parallel_ranks(tmp_path):
     run_pretrain([*flags, "--save", str(tmp_path / "dp2")], nproc=2)
     one, two = (read_trace(str(tmp_path / d / "gnmr_trace.jsonl")) for d in ("dp1", "dp2"))
     # the same micro-batches (4 sequences each) are quantized per tensor in both layouts
-    np.testing.assert_allclose(two.signals["qerr"][:3], one.signals["qerr"][:3], rtol=1e-5)
-    np.testing.assert_allclose(two.signals["oracle"][:3], one.signals["oracle"][:3],
+    np.testing.assert_allclose(two.measured["qerr"][:3], one.measured["qerr"][:3], rtol=1e-5)
+    np.testing.assert_allclose(two.measured["oracle"][:3], one.measured["oracle"][:3],
                                rtol=1e-4)
     np.testing.assert_allclose(two.norms[:3], one.norms[:3], rtol=1e-5)
     assert [r["recovery"] for r in trace_records(tmp_path / "dp2")][:3] == \
@@ -60,7 +60,7 @@ def test_probes_are_silent_during_evaluation(tmp_path):
     often, rarely = (read_trace(str(tmp_path / d / "gnmr_trace.jsonl"))
                      for d in ("often", "rarely"))
     assert np.array_equal(often.norms, rarely.norms)  # the same training
-    assert np.array_equal(often.signals["qerr"], rarely.signals["qerr"])
+    assert np.array_equal(often.measured["qerr"], rarely.measured["qerr"])
 
 
 def test_monitor_alarms_make_their_layer_risky(tmp_path):

@@ -24,12 +24,16 @@ from __future__ import annotations
 import numpy as np
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.precision.measurements import MEASUREMENTS
 
 
 def rank_units(trace) -> tuple[str, list[tuple[str, float]]]:
-    """(the measure used, [(unit, mean damage)] most damaged first)."""
-    for measure in ("oracle", "qerr"):
-        values = trace.signals.get(measure)
+    """(the measure used, [(unit, mean damage)] most damaged first): the recorded damage
+    measure that stands closest to the damage (`Measurement.damage_rank`)."""
+    damage_measures = sorted((m.damage_rank, name) for name, m in MEASUREMENTS.items()
+                             if m.damage_rank is not None)
+    for _, measure in damage_measures:
+        values = trace.measured.get(measure)
         if values is not None and np.isfinite(values).any():
             break
     else:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from megatron_gnmr.limits import check_limits, limit
+from megatron_gnmr.precision.measurements import MEASUREMENTS, in_registry_order, parse_measured
 
 # Every unit of every model family (units are only ever decoder linears and core attentions).
 UNITS_DEFAULT = "."
@@ -147,7 +148,8 @@ class GNMRRunConfig(GNMRConfig):
     """Risk signals, comma list (a unit's risk is the max of their scores): gnmr, qerr, monitor;
     baselines random, static, oracle (see controller/signals/)."""
     measure: str = ""
-    """Probed signals to measure and trace without acting on them (qerr, oracle), for replay."""
+    """Measured quantities to trace without a signal acting on them, for replay and calibrate
+    (comma list: qerr, oracle; precision/measurements/)."""
     qerr_ratio: float = limit(1.5, gt=0)
     """qerr: a unit is risky when its quantization error exceeds this x its baseline."""
     qerr_baseline: str = "history"
@@ -166,25 +168,23 @@ class GNMRRunConfig(GNMRConfig):
         check_limits(self, "gnmr")
         if self.nonfinite not in ("skip", "raise"):
             raise ValueError(f"gnmr.nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
-        from megatron_gnmr.controller.signals import PROBED, parse_signals
+        from megatron_gnmr.controller.signals import parse_signals
         from megatron_gnmr.controller.signals.qerr import BASELINES
 
         parse_signals(self.signals)
-        unknown = set(filter(None, self.measure.split(","))) - set(PROBED)
-        if unknown:
-            raise ValueError(f"gnmr.measure cannot measure {', '.join(sorted(unknown))}; "
-                             f"use {', '.join(PROBED)}")
+        parse_measured(self.measure)
         if self.qerr_baseline not in BASELINES:
             raise ValueError(f"gnmr.qerr_baseline must be one of {BASELINES}, got "
                              f"{self.qerr_baseline!r}")
 
     def probed(self) -> tuple[str, ...]:
-        """The probe measurements this run needs (to act on or to trace)."""
-        from megatron_gnmr.controller.signals import PROBED, observed_by, parse_signals
+        """The measured quantities this run needs (to act on or to trace), in the probe
+        bank's slot order."""
+        from megatron_gnmr.controller.signals import observed_by, parse_signals
 
-        wanted = set(observed_by(parse_signals(self.signals))) | set(
-            filter(None, self.measure.split(",")))
-        return tuple(p for p in PROBED if p in wanted)
+        return in_registry_order(
+            {name for name in observed_by(parse_signals(self.signals)) if name in MEASUREMENTS}
+            | set(parse_measured(self.measure)))
 
     def signal_settings(self, run_seed: int) -> dict:
         """What the risk signals read (recorded in the trace header, so replay scores them

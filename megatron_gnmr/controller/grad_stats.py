@@ -42,7 +42,7 @@ from megatron_gnmr.platform.megatron_compat import distributed_optimizer_shards
 class StepGradStats:
     unit_norms: np.ndarray  # float64 [num_units], on the true gradient scale
     total_norm: float  # global L2 norm of all gradients (units and the rest)
-    probe_sums: np.ndarray | None = None  # [num_units, probes.SLOTS] sums over all ranks
+    probe_sums: np.ndarray | None = None  # [num_units, measurements' slots] over all ranks
 
 
 class GradStats:

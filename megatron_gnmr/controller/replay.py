@@ -4,8 +4,9 @@ Each `--gnmr-*` flag takes one or more values; the sweep is their cartesian prod
 every flag not given taken from the config recorded in the trace. Given the live run's own
 settings, the replay must make exactly the live run's decisions (it is checked and said).
 
-Signals are replayed from what the trace recorded (norms; qerr and the oracle's true
-weight-gradient errors when the run measured them, `--gnmr-measure qerr,oracle`), so one
+Signals are replayed from what the trace recorded (norms; the measured quantities, e.g. qerr
+and the oracle's true weight-gradient errors, when the run measured them, `--gnmr-measure
+qerr,oracle`; each signal reads them by name as it did live), so one
 recorded run compares selection rules (`--gnmr-signals gnmr qerr random oracle`) at one
 budget (`--gnmr-budget-rate`). With oracle errors recorded each rule is also scored by the
 damage it catches: "oracle capture" = the true error of the units it recovers, summed over
@@ -27,7 +28,6 @@ from tqdm import tqdm
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import GNMRPolicy
 from megatron_gnmr.controller.signals import (
-    PROBED,
     Observations,
     build_signals,
     combined,
@@ -36,6 +36,7 @@ from megatron_gnmr.controller.signals import (
 )
 from megatron_gnmr.controller.trace import Trace, iter_gaps, read_trace
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.precision.measurements import MEASUREMENTS
 
 SWEEPABLE = {"alpha": float, "beta": float, "delta": int, "max_o": None, "t_lock": int,
              "warmup": int, "budget_rate": float, "budget_in": str}
@@ -77,11 +78,13 @@ class ReplayResult:
 def _signals(trace: Trace, settings: dict):
     names = parse_signals(settings["signals"])
     needed = observed_by(names)
-    missing = [o for o in needed if (o in PROBED and o not in trace.signals)
+    missing = [o for o in needed if (o in MEASUREMENTS and o not in trace.measured)
                or (o == "alarmed" and trace.alarmed is None)]
     if missing:
+        measure = ",".join(o for o in missing if o in MEASUREMENTS)
+        how = f"--gnmr-measure {measure}" if measure else "the monitor signal"
         raise UserError(f"replay: the trace has no recorded {', '.join(missing)} values (record "
-                        "them live with --gnmr-measure qerr,oracle or the monitor signal)")
+                        f"them live with {how})")
     return names, build_signals(names, trace.units, settings)
 
 
@@ -99,8 +102,8 @@ def replay(trace: Trace, config: GNMRConfig, show_progress: bool = False,
                 disable=not show_progress, leave=False)
     for i in rows:
         observations = Observations(
-            qerr=_row(trace, "qerr", i), oracle=_row(trace, "oracle", i),
-            alarmed=trace.alarmed[i] if trace.alarmed is not None else frozenset())
+            {name: rows[i] for name, rows in trace.measured.items()},
+            trace.alarmed[i] if trace.alarmed is not None else frozenset())
         decision = policy.step(trace.norms[i],
                                combined([s.scores(observations) for s in signals]),
                                use_gnmr="gnmr" in names)
@@ -112,14 +115,10 @@ def replay(trace: Trace, config: GNMRConfig, show_progress: bool = False,
                         decisions, matches, settings, oracle_capture(trace, decisions))
 
 
-def _row(trace: Trace, name: str, i: int) -> np.ndarray | None:
-    return trace.signals[name][i] if name in trace.signals else None
-
-
 def oracle_capture(trace: Trace, decisions: list[tuple[int, ...]]) -> float | None:
     """Sum over steps of the true error of the units a rule recovers in that step, over the
     sum of the largest errors of as many units (the decision at step t runs at step t+1)."""
-    errors = trace.signals.get("oracle")
+    errors = trace.measured.get("oracle")
     if errors is None:
         return None
     caught = best = 0.0

@@ -36,7 +36,7 @@ from megatron_gnmr.controller.units import UnitRegistry
 from megatron_gnmr.errors import RunAborted
 from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.precision.plan import PrecisionPlan
-from megatron_gnmr.precision.probes import relative_errors
+from megatron_gnmr.precision.measurements import values
 
 
 RECENT_STEPS = 500
@@ -76,7 +76,7 @@ class Controller:
     def open_trace(self, run_dir: str, resume_step: int) -> None:
         self.trace = TraceWriter(Path(run_dir) / "gnmr_trace.jsonl", self.registry.names,
                                  self.config.policy_config(), resume_step, self.signal_settings,
-                                 self.unit_costs)
+                                 self.unit_costs, self.probed)
 
     @property
     def unit_names(self) -> list[str]:
@@ -115,13 +115,9 @@ class Controller:
     def observe(self, stats: StepGradStats, step: int,
                 alarmed: frozenset[str] = frozenset()) -> Decision:
         """Decide the recovery set for step `step + 1` from step `step`'s statistics."""
-        measured = {}
-        if stats.probe_sums is not None:
-            qerr, oracle = relative_errors(stats.probe_sums)
-            measured = {name: values for name, values in (("qerr", qerr), ("oracle", oracle))
-                        if name in self.probed}
+        measured = values(self.probed, stats.probe_sums) if stats.probe_sums is not None else {}
         self.alarmed = frozenset(alarmed)
-        observations = Observations(**measured, alarmed=self.alarmed)
+        observations = Observations(measured, self.alarmed)
         decision = self.policy.step(stats.unit_norms,
                                     combined([s.scores(observations) for s in self.signals]),
                                     use_gnmr="gnmr" in self.signal_names)

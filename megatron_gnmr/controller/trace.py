@@ -20,6 +20,7 @@ from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import Decision
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.jsonl import keep_records_up_to
+from megatron_gnmr.precision.measurements import MEASUREMENTS
 
 
 def _encode(value: float):
@@ -36,12 +37,13 @@ def _decode(value) -> float:
     return float(value)
 
 
-FORMAT = 2  # the header's "format": records observations (qerr, oracle, alarmed)
+FORMAT = 2  # the header's "format": records observations (measured quantities, alarmed)
 
 
 class TraceWriter:
     def __init__(self, path: Path, unit_names: list[str], config: GNMRConfig, resume_step: int,
-                 signal_settings: dict, unit_costs: list[float] | None = None):
+                 signal_settings: dict, unit_costs: list[float] | None = None,
+                 measured: tuple[str, ...] = ()):
         self.path = path
         if path.exists() and resume_step == 0:  # a fresh start: another run's trace goes
             path.unlink()
@@ -53,12 +55,14 @@ class TraceWriter:
         if new:
             header = {"type": "header", "format": FORMAT, "units": unit_names,
                       "config": dataclasses.asdict(config), "signal_settings": signal_settings,
+                      "measured": list(measured),
                       **({"unit_costs": unit_costs} if unit_costs is not None else {})}
             self.file.write(json.dumps(header) + "\n")
 
     def write(self, decision: Decision, observed: dict | None = None) -> None:
         """One step: the norms, the decided set, and what the risk signals observed (per-unit
-        arrays: qerr, oracle; `alarmed`: unit-name prefixes) so replay can score them."""
+        arrays of the measured quantities, by name; `alarmed`: unit-name prefixes) so replay
+        can score them."""
         record = {"step": decision.step, "norms": [_encode(v) for v in decision.norms.tolist()],
                   "recovery": list(decision.recovery)}
         for name, values in (observed or {}).items():
@@ -77,8 +81,9 @@ class Trace:
     steps: list[int]
     norms: np.ndarray  # [steps, units]
     recovery: list[tuple[int, ...]]
-    signals: dict[str, np.ndarray]
-    """Observed per-unit arrays ([steps, units]): qerr, oracle (when the run measured them)."""
+    measured: dict[str, np.ndarray]
+    """The measured quantities' values ([steps, units]) by name, when the run measured them
+    (`precision/measurements/`)."""
     alarmed: list[frozenset[str]] | None
     """Per step, the unit-name prefixes under a firing monitor alarm (when recorded)."""
     signal_settings: dict
@@ -92,6 +97,7 @@ def read_trace(path: str) -> Trace:
     if not file.is_file():
         raise UserError(f"trace {path}: no such file (it is gnmr_trace.jsonl in a run directory)")
     header, steps, norms, recovery = None, [], [], []
+    measured_names: list[str] = []
     arrays: dict[str, list] = {}
     alarmed: list[frozenset[str]] = []
     for number, line in enumerate(file.read_text().splitlines(), start=1):
@@ -103,11 +109,13 @@ def read_trace(path: str) -> Trace:
             continue  # a line cut by a crash: keep what is complete
         if record.get("type") == "header":
             header = record
+            # Traces from before the header listed them hold the registry's names.
+            measured_names = header.get("measured", list(MEASUREMENTS))
             continue
         steps.append(record["step"])
         norms.append([_decode(v) for v in record["norms"]])
         recovery.append(tuple(record["recovery"]))
-        for name in ("qerr", "oracle"):
+        for name in measured_names:
             if name in record:
                 arrays.setdefault(name, []).append([_decode(v) for v in record[name]])
         if "alarmed" in record:

@@ -71,7 +71,7 @@ def run_summary(run_dir: Path) -> dict:
         trace = read_trace(str(trace_path))
         for decided in trace.recovery[:-1]:
             chosen.update(trace.units[u] for u in decided)
-        if "oracle" in trace.signals and not any(trace.recovery):
+        if "oracle" in trace.measured and not any(trace.recovery):
             summary["replayed"] = replayed_rules(trace, run_dir)
     summary["most_recovered"] = _top(chosen, len(losses))
     return summary

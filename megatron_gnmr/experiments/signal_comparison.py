@@ -115,7 +115,7 @@ def replay_matrix(scenario: Scenario, out: Path, seeds: list[int]) -> dict:
     paths = [out / f"{variant}-seed{seed}" / "gnmr_trace.jsonl"
              for variant in scenario.variants for seed in seeds]
     traces = [read_trace(str(p)) for p in paths if p.is_file()]
-    traces = [t for t in traces if "oracle" in t.signals and "qerr" in t.signals]
+    traces = [t for t in traces if "oracle" in t.measured and "qerr" in t.measured]
     budget = _base_budget(scenario)
     matrix = {}
     for rule in REPLAYED_RULES:

@@ -165,7 +165,7 @@ class EmulatedLinearFunction(torch.autograd.Function):
         saved = saved_for_weight_gradient(x, x_w, wgrad, tp_group, k_split)
         if probe is not None:  # measures only: nothing below reads what it computes
             probe.forward_operands(x, weight, path, x_q, w_q, saved, tp_group)
-        keep_exact = probe is not None and probe.oracle
+        keep_exact = probe is not None and probe.keeps_exact_input
         ctx.save_for_backward(saved, w_d, x if keep_exact else None)
         ctx.path, ctx.allreduce_dgrad, ctx.tp_group = path, allreduce_dgrad, tp_group
         ctx.has_bias, ctx.probe, ctx.n_split = bias is not None, probe, parallel == "column"

@@ -69,7 +69,7 @@ class TorchaoFloat8LinearFunction(torch.autograd.Function):
         if ctx.probe is not None:
             g_q = torchao_compat.dequantized(g_fp8).reshape(grad_output.shape)
             ctx.probe.grad_operand(grad_output, path, g_q, ctx.tp_group)
-            if ctx.probe.oracle:
+            if ctx.probe.keeps_exact_input:
                 ctx.probe.weight_gradient(grad_output, x, path, grad_weight, ctx.tp_group)
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from megatron_gnmr.controller.signals.base import PROBED, Observations, RiskSignal
+from megatron_gnmr.controller.signals.base import Observations, RiskSignal
 from megatron_gnmr.controller.signals.monitor import MonitorSignal
 from megatron_gnmr.controller.signals.oracle import OracleSignal
 from megatron_gnmr.controller.signals.qerr import QerrSignal
@@ -34,8 +34,8 @@ SIGNALS: dict[str, type[RiskSignal] | None] = {
     "oracle": OracleSignal,
 }
 
-__all__ = ["PROBED", "SIGNALS", "Observations", "RiskSignal", "build_signals", "combined",
-           "observed_by", "parse_signals"]
+__all__ = ["SIGNALS", "Observations", "RiskSignal", "build_signals", "combined", "observed_by",
+           "parse_signals"]
 
 
 def parse_signals(text: str) -> tuple[str, ...]:

@@ -1,9 +1,10 @@
 """What every risk signal is: per-unit scores from one step's observations.
 
 A signal turns `Observations` (all-reduced, identical on every rank) into one score per unit,
-> 1 meaning "risky". It says which observations it needs (`observes`), so the controller asks
-the precision probes only for what some signal reads, and the trace records exactly what
-replay needs to score the signal again offline. Its settings arrive as the run's signal
+> 1 meaning "risky". It says which observations it needs (`observes`: measured quantities by
+their registry name, `precision/measurements/`, or `alarmed`), so the controller asks the
+precision probes only for what some signal reads, and the trace records exactly what replay
+needs to score the signal again offline. Its settings arrive as the run's signal
 settings (a plain dict, also recorded in the trace header); anything it must remember
 between steps goes in `state_dict` (checkpointed, covered by the agreement digest).
 """
@@ -11,23 +12,20 @@ between steps goes in `state_dict` (checkpointed, covered by the agreement diges
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
-
-# Observations that the precision probes measure (they cost side computation and ride in the
-# statistics all-reduce); the rest are free.
-PROBED = ("qerr", "oracle")
 
 
 @dataclass(frozen=True)
 class Observations:
     """What one step offers the signals."""
 
-    qerr: np.ndarray | None = None
-    """[units] the low-cost path's worst relative quantization error (precision/probes.py)."""
-    oracle: np.ndarray | None = None
-    """[units] the true relative error of the low path's weight gradient (experiments)."""
+    measured: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """[units] values of the step's measured quantities, by registry name (`qerr`: the
+    low-cost path's worst relative rounding error; `oracle`: its weight gradient's true
+    relative error): those some signal of the run reads or `--gnmr-measure` names."""
     alarmed: frozenset[str] = frozenset()
     """Unit-name prefixes under a monitor alarm firing now (`layers.3.self_attention.`):
     each monitor family says which units its alarm names (monitors/families.py)."""

@@ -1,6 +1,6 @@
 """`oracle` (experiments only): 1 + the true relative error of the unit's low-path weight
-gradient at this step (an exact side GEMM, `precision/probes.py`): the best choice any signal
-could make at the same budget, the yardstick of "damage caught"."""
+gradient at this step (an exact side GEMM, `precision/measurements/weight_gradient_error.py`):
+the best choice any signal could make at the same budget, the yardstick of "damage caught"."""
 
 from __future__ import annotations
 
@@ -14,4 +14,4 @@ class OracleSignal(RiskSignal):
     observes = ("oracle",)
 
     def scores(self, observations: Observations) -> np.ndarray:
-        return 1.0 + np.nan_to_num(observations.oracle, nan=0.0)
+        return 1.0 + np.nan_to_num(observations.measured["oracle"], nan=0.0)

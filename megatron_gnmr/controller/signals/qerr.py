@@ -1,7 +1,7 @@
 """`qerr`: the low-cost path's own damage, measured where it quantizes.
 
-e_u = max over the unit's low-path operands of ||Q(x) - x|| / ||x|| (`precision/probes.py`),
-scored against `qerr_ratio` x a baseline: the unit's own running mean of e (`history`, like
+e_u = max over the unit's low-path operands of ||Q(x) - x|| / ||x||
+(`precision/measurements/quantization_error.py`), scored against `qerr_ratio` x a baseline: the unit's own running mean of e (`history`, like
 GNMR) or this step's median over units (`peers`: damage that is structural, some units always
 worse than the others, shows against the peers and never against the unit's own past).
 """
@@ -27,7 +27,7 @@ class QerrSignal(RiskSignal):
         self.qerr_count = np.zeros(len(unit_names), dtype=np.int64)
 
     def scores(self, observations: Observations) -> np.ndarray:
-        qerr = observations.qerr
+        qerr = observations.measured["qerr"]
         finite = np.isfinite(qerr)
         with np.errstate(invalid="ignore", divide="ignore"):
             if self.baseline == "peers":

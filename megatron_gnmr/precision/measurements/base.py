@@ -1,0 +1,92 @@
+"""What a measured quantity is: the contract of `--gnmr-measure` and the probed signals.
+
+A measurement watches a unit's GEMMs where the low-cost path quantizes (the emulated and the
+torchao kernels call the hooks below through `precision/probes.py`), adds float64 sums into
+its own `slots` of the unit's row, and turns the row, summed over micro-batches and every
+rank by the controller's one statistics all-reduce, into one value per unit (`value`). The
+trace records the values under the measurement's `name`; replay hands them back to the risk
+signals unchanged, so a measurement needs nothing beyond this file to be traced, replayed
+and scored offline.
+
+Sums are what crosses ranks, so a measurement must be a function of sums: sums of squares,
+counts, maxima written as sums of one-hot rows are not (use counts). Hooks run inside
+`torch.no_grad` and must not change what they are given: nothing of the step reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from megatron_gnmr.precision.scaling import quantize
+
+
+class Slots:
+    """One unit's slots of one measurement: a view of the probe bank's row."""
+
+    def __init__(self, row: torch.Tensor):
+        self.row = row
+
+    def add(self, slot: int, amount: torch.Tensor) -> None:
+        self.row[slot] += amount.double()
+
+    def add_relative_error(self, pair: int, value: torch.Tensor,
+                           reference: torch.Tensor) -> None:
+        """Slots 2*pair, 2*pair+1 += ||value - reference||^2, ||reference||^2, each in one
+        fused pass with no temporary (in float32): a probe's cost is memory traffic."""
+        reference = reference.float()
+        self.add(2 * pair, torch.dist(value.float(), reference).square())
+        self.add(2 * pair + 1, torch.linalg.vector_norm(reference).square())
+
+
+def relative_errors(pairs: np.ndarray) -> np.ndarray:
+    """[..., 2] (err^2, ref^2) sums -> sqrt(err^2 / ref^2); NaN where nothing was measured."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sqrt(pairs[..., 0] / pairs[..., 1])
+
+
+def low_quantized(low_path, kind: str, original, run_path, computed, group):
+    """The low path's quantization of operand `kind` (input, weight, grad, saved_input):
+    the tensor the running path made when it is the low path's, else quantized here (a unit
+    on the recovery path is measured in the shadow: as if it ran the low path). None: the
+    low path leaves this operand unquantized."""
+    spec = getattr(low_path, kind)
+    if spec is None:
+        return None
+    if getattr(run_path, kind) == spec:
+        return computed
+    return quantize(original, spec, amax_group=group)
+
+
+class Measurement(Protocol):
+    """A measured quantity; subclass it (the hooks default to measuring nothing)."""
+
+    name: str
+    """Its `--gnmr-measure` name, the trace's key and what a signal's `observes` names."""
+    slots: int
+    """float64 sums per unit it adds into."""
+    keeps_exact_input = False
+    """Whether `weight_gradient` needs the unquantized GEMM input (kept alive until backward
+    for the probed units: memory)."""
+    damage_rank: int | None = None
+    """How directly it measures the low path's damage, for `megatron-gnmr calibrate`'s choice
+    among the recorded ones (lower first; None: not a damage measure)."""
+
+    def forward(self, slots: Slots, low_path, x, weight, run_path, x_q, w_q, saved,
+                group) -> None:
+        """The forward GEMM: exact input and weight, the run path's quantized ones, and what
+        the weight gradient will read (`saved`)."""
+
+    def output_gradient(self, slots: Slots, low_path, grad_output, run_path, g_q,
+                        group) -> None:
+        """The backward: the output gradient and the run path's quantized one."""
+
+    def weight_gradient(self, slots: Slots, low_path, grad_output, x_exact, run_path,
+                        grad_weight, group) -> None:
+        """The weight gradient the run path computed (called when `keeps_exact_input`)."""
+
+    def value(self, sums: np.ndarray) -> np.ndarray:
+        """[units, slots] all-reduced sums -> [units] values (NaN: not measured)."""
+        ...
