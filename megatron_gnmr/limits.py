@@ -1,7 +1,8 @@
-"""Config fields with their allowed range: `limit(default, ge=..., lt=...)` declares a
-field's default and range beside it, and `check_limits` (called from each config section's
-`__post_init__`) enforces them and finiteness, raising a ValueError that names
-`section.field` (the flag mapper turns it into the flag)."""
+"""Config fields with their allowed values: `limit(default, ge=..., lt=...)` declares a
+field's default and range beside it (`choices=` for a word from a fixed list), and
+`check_limits` (called from each config section's `__post_init__`) enforces them and
+finiteness, raising a ValueError that names `section.field` (the flag mapper turns it into
+the flag)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import math
 from dataclasses import field
 
 
-def limit(default, *, ge=None, gt=None, le=None, lt=None):
-    """A field's default and the range its value must lie in (checked by `check_limits`)."""
-    return field(default=default, metadata={"limits": {">=": ge, ">": gt, "<=": le, "<": lt}})
+def limit(default, *, ge=None, gt=None, le=None, lt=None, choices=None):
+    """A field's default and the range its value must lie in, or the words it may be
+    (checked by `check_limits`)."""
+    metadata = {"limits": {">=": ge, ">": gt, "<=": le, "<": lt}}
+    if choices is not None:
+        metadata["choices"] = tuple(choices)
+    return field(default=default, metadata=metadata)
 
 
 _HOLDS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<=": lambda v, b: v <= b,
@@ -20,10 +25,15 @@ _HOLDS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<=": lambda v, b:
 
 
 def check_limits(instance, section: str) -> None:
-    """Every number of a config section finite and inside its field's limits; a ValueError
-    names `section.field` (the flag mapper turns that into the flag)."""
+    """Every number of a config section finite and inside its field's limits, every word one
+    of its choices; a ValueError names `section.field` (the flag mapper turns that into the
+    flag)."""
     for spec in dataclasses.fields(instance):
         value = getattr(instance, spec.name)
+        choices = spec.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ValueError(f"{section}.{spec.name} must be one of "
+                             f"{', '.join(map(str, choices))}, got {value!r}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if isinstance(value, float) and not math.isfinite(value):

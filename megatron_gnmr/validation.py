@@ -183,11 +183,6 @@ def validate_precision(config: RunConfig) -> None:
     from megatron_gnmr.precision.backends import backend, build_recipe
 
     precision = config.precision
-    if precision.precision_static not in ("low", "recovery"):
-        raise UserError(f"--precision-static must be low or recovery, got "
-                        f"{precision.precision_static!r}")
-    if precision.act_quant_granularity not in ("tensor", "row", "tile"):
-        raise UserError("--act-quant-granularity must be tensor, row or tile")
     build_recipe(precision)  # raises a UserError naming the flag
     from megatron_gnmr.precision.backends import BACKENDS, inapplicable_options
 
@@ -209,27 +204,17 @@ def validate_precision(config: RunConfig) -> None:
                             "every unit already runs in the run's precision")
         # the whole file as megatron reads it (raises a UserError naming the problem)
         kept_high(precision, UnitShape.of_run(config).names())
-    if precision.moe_dispatch_quant:
-        from megatron_gnmr.precision.dispatch import DISPATCH_RECIPES
-
-        if not config.model.num_experts:
-            raise UserError("--moe-dispatch-quant needs an MoE model (--num-experts N)")
-        if precision.precision_recipe not in DISPATCH_RECIPES:
-            raise UserError(f"--moe-dispatch-quant needs --precision-recipe "
-                            f"{' or '.join(DISPATCH_RECIPES)} (the recipes that quantize GEMM "
-                            f"inputs), not {precision.precision_recipe}")
+    if precision.moe_dispatch_quant and not config.model.num_experts:
+        raise UserError("--moe-dispatch-quant needs an MoE model (--num-experts N)")
     if backend(precision).validate is not None:
         backend(precision).validate(config)
 
 
 def validate_attention_precision(config: RunConfig) -> None:
-    from megatron_gnmr.precision.attention_fault import ATTENTION_PRECISIONS, switchable_attention
+    from megatron_gnmr.precision.attention_fault import switchable_attention
     from megatron_gnmr.precision.backends import backend
 
     precision = config.precision
-    if precision.attention_precision not in ATTENTION_PRECISIONS:
-        raise UserError(f"--attention-precision must be {' or '.join(ATTENTION_PRECISIONS)}, "
-                        f"got {precision.attention_precision!r}")
     if not switchable_attention(config):
         return
     if backend(precision).transformer_engine_layers:
@@ -272,11 +257,10 @@ def validate_monitors(config: RunConfig) -> None:
     if monitor.monitor_detector not in DETECTORS:
         raise UserError(f"--monitor-detector {monitor.monitor_detector!r}: use one of "
                         f"{', '.join(DETECTORS)}")
-    if monitor.monitor_detector == "reference" and not monitor.monitor_reference:
-        raise UserError("--monitor-detector reference needs --monitor-reference RUN_DIR ...")
-    if monitor.monitor_detector == "online" and monitor.monitor_reference:
-        raise UserError("--monitor-reference uses the reference detector; drop "
-                        "--monitor-detector online or the references")
+    try:
+        DETECTORS[monitor.monitor_detector].check(monitor)
+    except ValueError as error:
+        raise UserError(str(error)) from None
     input_files.check_references(monitor.monitor_reference)
 
 
@@ -340,12 +324,10 @@ def validate_controller(config: RunConfig) -> None:
                 if unit not in known:
                     raise UserError(f"--inject-nonfinite: no unit {unit!r} (names look like "
                                     "'layers.0.mlp.linear_fc2')")
-    for flag, pattern in (("--gnmr-units", gnmr.units), ("--gnmr-static-units",
-                                                          gnmr.static_units)):
-        try:
-            re.compile(pattern)
-        except re.error as error:
-            raise UserError(f"{flag} {pattern!r}: not a valid regex ({error})") from None
+    try:
+        re.compile(gnmr.units)
+    except re.error as error:
+        raise UserError(f"--gnmr-units {gnmr.units!r}: not a valid regex ({error})") from None
     if not gnmr.enabled:
         return
     from megatron_gnmr.controller.units import UnitShape, eligible_unit_names

@@ -13,6 +13,7 @@ import textwrap
 
 import ml_dtypes
 import numpy as np
+import pytest
 import torch
 
 from megatron_gnmr.controller import signals
@@ -95,11 +96,27 @@ def test_a_new_alarm_detector_is_one_file_and_one_registry_line(tmp_path, monkey
                 self.rule.load_state_dict(state["rule"])
 
             @classmethod
+            def check(cls, monitor):
+                if monitor.monitor_reference:
+                    raise ValueError("--monitor-detector fixed takes no --monitor-reference")
+
+            @classmethod
             def for_signal(cls, key, book, band, patience, direction):
                 return cls(patience, direction)
     '''))
     fixed = load(tmp_path / "fixed_band.py", "fixed_band")
     monkeypatch.setitem(detectors.DETECTORS, "fixed", fixed.FixedBand)
+
+    # Validation asks the detector what it needs (it names no detector itself).
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.errors import UserError
+    from megatron_gnmr.validation import validate_monitors
+
+    validate_monitors(parse_config([*TINY, "--monitors", "attention", "--monitor-detector",
+                                    "fixed"]))
+    with pytest.raises(UserError, match="fixed takes no --monitor-reference"):
+        validate_monitors(parse_config([*TINY, "--monitors", "attention", "--monitor-detector",
+                                        "fixed", "--monitor-reference", str(REPO)]))
 
     from megatron_gnmr.monitors.alarms import AlarmBook
 
@@ -238,3 +255,29 @@ def test_a_new_measured_quantity_is_one_file_and_one_registry_line(tmp_path, mon
     config = GNMRConfig(**{k: v for k, v in trace.config.items()
                            if k in GNMRConfig.__dataclass_fields__})
     assert replay(trace, config).matches_recorded == 5
+
+
+def test_each_signal_knob_is_declared_once_in_its_signal():
+    """A signal's settings class is the one home of its knobs: each field is a gnmr-section
+    field with the same default, a `--gnmr-*` flag, recorded in the trace header's signal
+    settings and sweepable in replay; and no knob of a signal is declared elsewhere."""
+    import dataclasses
+
+    from megatron_gnmr.arguments import build_parser
+    from megatron_gnmr.controller.config import GNMRConfig, GNMRRunConfig
+    from megatron_gnmr.controller.replay import SIGNAL_SWEEPABLE
+
+    flags = {option for action in build_parser()._actions for option in action.option_strings}
+    run_fields = {f.name: f for f in dataclasses.fields(GNMRRunConfig)}
+    recorded = GNMRRunConfig().signal_settings(run_seed=0)
+    knobs = set()
+    for signal in filter(None, signals.SIGNALS.values()):
+        for knob in dataclasses.fields(signal.settings_class) if signal.settings_class else ():
+            knobs.add(knob.name)
+            assert run_fields[knob.name].default == knob.default, (signal, knob.name)
+            assert f"--gnmr-{knob.name.replace('_', '-')}" in flags
+            assert recorded[knob.name] == knob.default and knob.name in SIGNAL_SWEEPABLE
+    assert knobs >= {"qerr_ratio", "qerr_baseline", "monitor_hold", "static_units",
+                     "selection_seed"}
+    declared_by_the_section = set(GNMRRunConfig.__annotations__) | set(GNMRConfig.__annotations__)
+    assert not knobs & declared_by_the_section

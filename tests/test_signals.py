@@ -20,7 +20,8 @@ from megatron_gnmr.precision.measurements import values
 from megatron_gnmr.precision.probes import ProbeBank
 from megatron_gnmr.precision.scaling import QuantSpec
 
-SETTINGS = {"qerr_ratio": 1.5, "qerr_baseline": "history", "static_units": "x", "seed": 0}
+SETTINGS = {"qerr_ratio": 1.5, "qerr_baseline": "history", "static_units": "x",
+            "selection_seed": 0, "run_seed": 0}
 LOW = GemmPath("act-int3", saved_input=QuantSpec("int3", "tensor"))
 RECOVERY = GemmPath("act-int8", saved_input=QuantSpec("int8", "tensor"))
 
@@ -150,7 +151,8 @@ def test_qerr_scores_history_and_peers_by_hand():
 def test_random_is_seeded_and_resumable_static_and_monitor_pick_their_units():
     names = ["layers.0.self_attention.linear_qkv", "layers.0.mlp.linear_fc2",
              "layers.1.self_attention.linear_proj", "layers.1.mlp.linear_fc2"]
-    settings = {**SETTINGS, "static_units": r"mlp\.linear_fc2$", "seed": 7}
+    settings = {**SETTINGS, "static_units": r"mlp\.linear_fc2$", "selection_seed": 5,
+                "run_seed": 2}
     a, b = RandomSignal(names, settings), RandomSignal(names, settings)
     alarm = Observations(alarmed=frozenset({"layers.1.self_attention."}))
     first = a.scores(alarm)
@@ -160,7 +162,9 @@ def test_random_is_seeded_and_resumable_static_and_monitor_pick_their_units():
     assert list(MonitorSignal(names, settings).scores(alarm)) == [0.0, 0.0, 2.0, 0.0]
     state = a.state_dict()
     nxt = a.scores(Observations())
-    c = RandomSignal(names, {**settings, "seed": 0})
+    other = RandomSignal(names, {**settings, "run_seed": 3})  # the seed is their sum
+    assert not np.array_equal(other.scores(Observations()), first)
+    c = RandomSignal(names, {**settings, "selection_seed": 0})
     c.load_state_dict(state)
     assert np.array_equal(c.scores(Observations()), nxt)
 

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from megatron_gnmr.controller.signals import SIGNAL_SETTINGS
 from megatron_gnmr.limits import check_limits, limit
 from megatron_gnmr.precision.measurements import MEASUREMENTS, in_registry_order, parse_measured
 
@@ -126,9 +127,12 @@ class GNMRConfig:
         return value
 
 
+# Bases after the rule's: fields come in reverse MRO order, so --help lists the rule's
+# knobs, then each signal's (in SIGNALS' order), then the wiring below.
 @dataclass
-class GNMRRunConfig(GNMRConfig):
-    """The controller: the decision rule's knobs plus how it is wired into training."""
+class GNMRRunConfig(*reversed(SIGNAL_SETTINGS), GNMRConfig):
+    """The controller: the decision rule's knobs plus how it is wired into training; each
+    risk signal's knobs come from its own settings class (controller/signals/)."""
 
     enabled: bool = False
     """Turn the GNMR controller on (flag: --gnmr)."""
@@ -136,7 +140,7 @@ class GNMRRunConfig(GNMRConfig):
     """Regex over unit names selecting the eligible units (default: every unit: the decoder's
     linears, and each layer's core attention where it is switchable: --attention-precision
     fp8 or an attention fault)."""
-    nonfinite: str = "skip"
+    nonfinite: str = limit("skip", choices=("skip", "raise"))
     """On a NaN/Inf gradient: `skip` the optimizer step, or `raise` (stop, keep checkpoint)."""
     trace_interval: int = limit(1, ge=0)
     """Write the per-unit trace (norms, scores, decision) every N steps (0: never)."""
@@ -150,32 +154,17 @@ class GNMRRunConfig(GNMRConfig):
     measure: str = ""
     """Measured quantities to trace without a signal acting on them, for replay and calibrate
     (comma list: qerr, oracle; precision/measurements/)."""
-    qerr_ratio: float = limit(1.5, gt=0)
-    """qerr: a unit is risky when its quantization error exceeds this x its baseline."""
-    qerr_baseline: str = "history"
-    """qerr baseline: history (the unit's own running mean, like GNMR) or peers (this step's
-    median over units)."""
-    monitor_hold: int = limit(-1, ge=-1)
-    """monitor signal: decisions a unit stays risky after the alarm naming it clears (-1: the
-    rest of the run; controller/signals/monitor.py says why that is the default)."""
-    static_units: str = r"mlp\.(experts\.\d+\.)?linear_fc2$"
-    """static baseline: regex of the units it recovers."""
-    selection_seed: int = limit(0, ge=0, lt=2**63)
-    """random baseline: seed of its draws."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_limits(self, "gnmr")
-        if self.nonfinite not in ("skip", "raise"):
-            raise ValueError(f"gnmr.nonfinite must be 'skip' or 'raise', got {self.nonfinite!r}")
         from megatron_gnmr.controller.signals import parse_signals
-        from megatron_gnmr.controller.signals.qerr import BASELINES
 
         parse_signals(self.signals)
         parse_measured(self.measure)
-        if self.qerr_baseline not in BASELINES:
-            raise ValueError(f"gnmr.qerr_baseline must be one of {BASELINES}, got "
-                             f"{self.qerr_baseline!r}")
+        for settings in SIGNAL_SETTINGS:
+            if hasattr(settings, "check"):
+                settings.check(self)
 
     def probed(self) -> tuple[str, ...]:
         """The measured quantities this run needs (to act on or to trace), in the probe
@@ -189,10 +178,9 @@ class GNMRRunConfig(GNMRConfig):
     def signal_settings(self, run_seed: int) -> dict:
         """What the risk signals read (recorded in the trace header, so replay scores them
         the same way, and swept by replay)."""
-        return {"signals": self.signals, "qerr_ratio": self.qerr_ratio,
-                "qerr_baseline": self.qerr_baseline, "static_units": self.static_units,
-                "monitor_hold": self.monitor_hold,
-                "seed": self.selection_seed + run_seed}
+        knobs = {f.name: getattr(self, f.name)
+                 for settings in SIGNAL_SETTINGS for f in dataclasses.fields(settings)}
+        return {"signals": self.signals, **knobs, "run_seed": run_seed}
 
     def policy_config(self) -> GNMRConfig:
         names = [f.name for f in dataclasses.fields(GNMRConfig)]

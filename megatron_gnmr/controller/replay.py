@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import typing
 from collections import Counter
 
 import numpy as np
@@ -28,11 +29,13 @@ from tqdm import tqdm
 from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.policy import GNMRPolicy
 from megatron_gnmr.controller.signals import (
+    SIGNAL_SETTINGS,
     Observations,
     build_signals,
     combined,
     observed_by,
     parse_signals,
+    settings_of,
 )
 from megatron_gnmr.controller.trace import Trace, iter_gaps, read_trace
 from megatron_gnmr.errors import UserError
@@ -40,7 +43,10 @@ from megatron_gnmr.precision.measurements import MEASUREMENTS
 
 SWEEPABLE = {"alpha": float, "beta": float, "delta": int, "max_o": None, "t_lock": int,
              "warmup": int, "budget_rate": float, "budget_in": str}
-SIGNAL_SWEEPABLE = {"signals": str, "qerr_baseline": str, "qerr_ratio": float}
+# `signals` and every signal's own knobs (their settings classes' fields).
+SIGNAL_SWEEPABLE = {"signals": str, **{
+    f.name: typing.get_type_hints(settings)[f.name]
+    for settings in SIGNAL_SETTINGS for f in dataclasses.fields(settings)}}
 
 
 def _number(text: str):
@@ -167,8 +173,10 @@ def run(args: argparse.Namespace) -> list[ReplayResult]:
         s = result.summary
         capture = "" if result.oracle_capture is None else \
             f", oracle capture {result.oracle_capture:.1%}"
-        print(f"signals={result.signal_settings['signals']} "
-              f"qerr_baseline={result.signal_settings.get('qerr_baseline', '-')} "
+        names = parse_signals(result.signal_settings["signals"])
+        knobs = "".join(f"{knob}={result.signal_settings.get(knob, '-')} "
+                        for knob in settings_of(names))
+        print(f"signals={result.signal_settings['signals']} {knobs}"
               f"alpha={config.alpha} beta={config.beta} delta={config.delta} "
               f"max_o={config.max_o} t_lock={config.t_lock} warmup={config.warmup} "
               f"budget_rate={config.budget_rate}: "

@@ -38,6 +38,11 @@ class Detector(Protocol):
     """Its `--monitor-detector` name."""
 
     @classmethod
+    def check(cls, monitor) -> None:
+        """Before the run: whether the monitor section (`MonitorConfig`) gives this detector
+        what it needs; a ValueError that names the flags when not."""
+
+    @classmethod
     def for_signal(cls, key: str, book, **shared) -> "Detector":
         """The detector of one signal (`key`: its `SignalKey.alarm`, how the alarm book and
         the reference runs name it); `book` is the run's AlarmBook (its settings and

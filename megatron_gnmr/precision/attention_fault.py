@@ -34,7 +34,6 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 from megatron_gnmr.precision.scaling import QuantSpec, quantize
 
-ATTENTION_PRECISIONS = ("exact", "fp8")
 FP8_FORWARD = QuantSpec("e4m3")  # Q, K, V, P
 FP8_GRADIENT = QuantSpec("e5m2")  # dO
 

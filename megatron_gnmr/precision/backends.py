@@ -95,8 +95,10 @@ def _torchao_start_note(config, world_size: int) -> str | None:
 FP8_OPTIONS = ("fp8_format", "fp8_recipe")
 BACKENDS = {
     "none": Backend(recipe=None, probes=False, experts=True),
-    "fp8-emulated": Backend(recipes.fp8_emulated, experts=True, options=FP8_OPTIONS),
-    "deepseek": Backend(recipes.deepseek, experts=True, options=("deepseek_low_format",)),
+    "fp8-emulated": Backend(recipes.fp8_emulated, experts=True,
+                            options=(*FP8_OPTIONS, "moe_dispatch_quant")),
+    "deepseek": Backend(recipes.deepseek, experts=True,
+                        options=("deepseek_low_format", "moe_dispatch_quant")),
     "nvfp4": Backend(recipes.nvfp4, experts=True, options=(
         "nvfp4_recovery", "nvfp4_2d_weights", "nvfp4_stochastic_rounding", "nvfp4_hadamard")),
     "act-quant": Backend(recipes.act_quant, experts=True, options=(

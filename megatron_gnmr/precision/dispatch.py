@@ -21,7 +21,6 @@ import torch
 from megatron_gnmr.precision.scaling import QuantSpec, quantize
 
 DISPATCH_SPEC = QuantSpec("e4m3", "tile", pow2_scale=True)
-DISPATCH_RECIPES = ("fp8-emulated", "deepseek")  # the recipes that quantize GEMM inputs
 
 
 class _QuantizeStraightThrough(torch.autograd.Function):

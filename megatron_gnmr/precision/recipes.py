@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.precision.paths import GemmPath
 from megatron_gnmr.precision.scaling import QuantSpec
-from megatron_gnmr.precision.te_backend import check_fp8_flags
+from megatron_gnmr.precision.te_backend import check_fp8_recipe
 
 @dataclass(frozen=True)
 class Recipe:
@@ -39,7 +39,7 @@ FP8_GRANULARITY = {"tensorwise": ("tensor", "tensor"), "blockwise": ("tile", "bl
 
 
 def fp8_emulated(config) -> Recipe:
-    check_fp8_flags(config.fp8_recipe, config.fp8_format)
+    check_fp8_recipe(config.fp8_recipe)
     act, weight = FP8_GRANULARITY[config.fp8_recipe]
     grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
     pow2 = config.fp8_recipe == "blockwise"
@@ -52,9 +52,6 @@ def deepseek(config) -> Recipe:
     def blockwise(fmt: str) -> GemmPath:
         return GemmPath(f"{fmt}-blockwise", QuantSpec(fmt, "tile", True),
                         QuantSpec(fmt, "block", True), QuantSpec(fmt, "tile", True))
-    if config.deepseek_low_format not in ("e2m3", "e3m2"):
-        raise UserError(f"--deepseek-low-format {config.deepseek_low_format!r}: "
-                        "use e2m3 or e3m2")
     return Recipe("deepseek", blockwise(config.deepseek_low_format), blockwise("e4m3"))
 
 
@@ -64,8 +61,6 @@ def nvfp4(config) -> Recipe:
     Hadamard transform on the weight-gradient GEMM's inputs, each switchable."""
     from megatron_gnmr.precision.nvfp4 import random_signs
 
-    if config.nvfp4_recovery not in ("bf16", "fp8"):
-        raise UserError(f"--nvfp4-recovery {config.nvfp4_recovery!r}: use bf16 or fp8")
     values = QuantSpec("e2m1", "nvfp4")
     grads = QuantSpec("e2m1", "nvfp4", stochastic=config.nvfp4_stochastic_rounding)
     weights = QuantSpec("e2m1", "nvfp4-2d" if config.nvfp4_2d_weights else "nvfp4")
@@ -83,29 +78,21 @@ def w8a8(config) -> Recipe:
     channel of W (rows of both in [-1, K]); the backward's dx = dy @ W_q reads the same INT8
     weight, and a trainable weight's dW = dy^T @ x_q. --int-weight-bits / --int-activation-bits
     narrow the integers (W4A4: a stress where 8 bits do no harm)."""
-    formats = {}
-    for flag, bits in (("--int-weight-bits", config.int_weight_bits),
-                       ("--int-activation-bits", config.int_activation_bits)):
-        if bits not in (2, 3, 4, 8):
-            raise UserError(f"{flag} must be 2, 3, 4 or 8, got {bits}")
-        formats[flag] = f"int{bits}"
-    weight, activation = formats["--int-weight-bits"], formats["--int-activation-bits"]
-    name = f"w{weight[3:]}a{activation[3:]}"
+    weight, activation = f"int{config.int_weight_bits}", f"int{config.int_activation_bits}"
+    name = f"w{config.int_weight_bits}a{config.int_activation_bits}"
     low = GemmPath(name, input=QuantSpec(activation, "row"), weight=QuantSpec(weight, "row"))
     return Recipe("w8a8", low, EXACT)
 
 
 def act_quant(config) -> Recipe:
-    def saved(bits: int, flag: str) -> GemmPath:
+    def saved(bits: int) -> GemmPath:  # the bits' values: precision/config.py
         if bits == 16:
             return EXACT
-        if bits not in (2, 3, 4, 8):
-            raise UserError(f"{flag} must be 2, 3, 4, 8 or 16, got {bits}")
         fmt = {8: "int8", 4: "int4"}.get(bits, f"int{bits}")
         return GemmPath(f"act-int{bits}",
                         saved_input=QuantSpec(fmt, config.act_quant_granularity))
-    return Recipe("act-quant", saved(config.act_quant_bits, "--act-quant-bits"),
-                  saved(config.act_quant_recovery_bits, "--act-quant-recovery-bits"))
+    return Recipe("act-quant", saved(config.act_quant_bits),
+                  saved(config.act_quant_recovery_bits))
 
 
 def fp8_torchao(config) -> Recipe:
@@ -115,8 +102,6 @@ def fp8_torchao(config) -> Recipe:
     if config.fp8_recipe not in ("tensorwise", "rowwise"):
         raise UserError(f"--fp8-recipe {config.fp8_recipe!r} with --precision-recipe "
                         "fp8-torchao: use tensorwise or rowwise")
-    if config.fp8_format not in ("hybrid", "e4m3"):
-        raise UserError(f"--fp8-format {config.fp8_format!r}: use hybrid or e4m3")
     granularity, pow2 = ("tensor", False) if config.fp8_recipe == "tensorwise" else ("row", True)
     grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
     low = GemmPath(f"fp8-torchao-{config.fp8_recipe}", QuantSpec("e4m3", granularity, pow2),

@@ -23,26 +23,24 @@ from megatron_gnmr.platform import capabilities
 from megatron_gnmr.precision.gemm_shapes import shape_problems, unit_gemms
 
 FP8_RECIPES = ("tensorwise", "blockwise", "mxfp8")
-FP8_FORMATS = ("hybrid", "e4m3")
 # (tokens, K, N) multiples per recipe: TE's own asserts (see gemm_shapes.py).
 SHAPE_RULES = {"tensorwise": (8, 16, 8), "blockwise": (8, 16, 8), "mxfp8": (32, 32, 32)}
 
 
-def check_fp8_flags(fp8_recipe: str, fp8_format: str) -> None:
-    """The flag values every FP8 recipe shares (emulated or real)."""
+def check_fp8_recipe(fp8_recipe: str) -> None:
+    """The --fp8-recipe values every FP8 recipe shares (emulated or real; --fp8-format's are
+    precision/config.py's)."""
     if fp8_recipe == "delayed":
         raise UserError("--fp8-recipe delayed is refused: per-unit switching would skip amax "
                         "history updates of recovered units; use tensorwise, blockwise or mxfp8")
     if fp8_recipe not in FP8_RECIPES:
         raise UserError(f"--fp8-recipe {fp8_recipe!r}: use tensorwise, blockwise or mxfp8")
-    if fp8_format not in FP8_FORMATS:
-        raise UserError(f"--fp8-format {fp8_format!r}: use hybrid or e4m3")
 
 
 def validate_te_fp8(config) -> None:
     """te-fp8: flags, Transformer Engine, this GPU's support for the recipe, GEMM shapes."""
     precision = config.precision
-    check_fp8_flags(precision.fp8_recipe, precision.fp8_format)
+    check_fp8_recipe(precision.fp8_recipe)
     te = capabilities.transformer_engine()
     if not te:
         raise UserError(f"--precision-recipe te-fp8 needs Transformer Engine: {te.reason}; "

@@ -8,13 +8,16 @@ signals do not share a scale beyond their thresholds: a sum or product would let
 that is merely high everywhere (qerr on heavy-tailed inputs) drown the other's spikes.
 
 `gnmr` itself is scored inside the policy (SPEC 4). Adding a signal is one file (a
-`base.RiskSignal` subclass) and one line in `SIGNALS`; docs/architecture.md walks through it.
+`base.RiskSignal` subclass, with its knobs as its `settings_class`) and one line in `SIGNALS`;
+docs/architecture.md walks through it.
 Baselines always have more candidates than budget, so they are meant to run with
 `--gnmr-budget-rate` (the token bucket in the policy) to spend the same unit-steps as the
 rule they are compared with.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -34,8 +37,13 @@ SIGNALS: dict[str, type[RiskSignal] | None] = {
     "oracle": OracleSignal,
 }
 
-__all__ = ["SIGNALS", "Observations", "RiskSignal", "build_signals", "combined", "observed_by",
-           "parse_signals"]
+# The gnmr section's fields that belong to a signal (controller/config.py composes them).
+SIGNAL_SETTINGS = tuple(dict.fromkeys(
+    signal.settings_class for signal in SIGNALS.values()
+    if signal is not None and signal.settings_class is not None))
+
+__all__ = ["SIGNALS", "SIGNAL_SETTINGS", "Observations", "RiskSignal", "build_signals",
+           "combined", "observed_by", "parse_signals", "settings_of"]
 
 
 def parse_signals(text: str) -> tuple[str, ...]:
@@ -63,3 +71,9 @@ def observed_by(names: tuple[str, ...]) -> tuple[str, ...]:
 def combined(scores: list[np.ndarray]) -> np.ndarray | None:
     """The max over the run's non-GNMR signals (None when it has none)."""
     return np.max(np.stack(scores), axis=0) if scores else None
+
+
+def settings_of(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names of the knobs the named signals read (their settings classes' fields)."""
+    return tuple(f.name for name in names if SIGNALS[name] and SIGNALS[name].settings_class
+                 for f in dataclasses.fields(SIGNALS[name].settings_class))

@@ -36,6 +36,7 @@ class RiskSignal(ABC):
 
     name = ""
     observes: tuple[str, ...] = ()
+    settings_class: type | None = None
 
     def __init__(self, unit_names: list[str], settings: dict):
         self.unit_names = unit_names

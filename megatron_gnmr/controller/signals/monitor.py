@@ -13,16 +13,27 @@ damage does not wait for. A run that wants the unit back sets a finite hold.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from megatron_gnmr.controller.signals.base import Observations, RiskSignal
+from megatron_gnmr.limits import limit
 
 SCORE = 2.0
+
+
+@dataclass
+class MonitorSignalSettings:
+    monitor_hold: int = limit(-1, ge=-1)
+    """monitor signal: decisions a unit stays risky after the alarm naming it clears (-1: the
+    rest of the run; controller/signals/monitor.py says why that is the default)."""
 
 
 class MonitorSignal(RiskSignal):
     name = "monitor"
     observes = ("alarmed",)
+    settings_class = MonitorSignalSettings
 
     def __init__(self, unit_names: list[str], settings: dict):
         super().__init__(unit_names, settings)

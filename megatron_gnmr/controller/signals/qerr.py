@@ -8,16 +8,29 @@ worse than the others, shows against the peers and never against the unit's own 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from megatron_gnmr.controller.signals.base import Observations, RiskSignal
+from megatron_gnmr.limits import limit
 
 BASELINES = ("history", "peers")
+
+
+@dataclass
+class QerrSettings:
+    qerr_ratio: float = limit(1.5, gt=0)
+    """qerr: a unit is risky when its quantization error exceeds this x its baseline."""
+    qerr_baseline: str = limit("history", choices=BASELINES)
+    """qerr baseline: history (the unit's own running mean, like GNMR) or peers (this step's
+    median over units)."""
 
 
 class QerrSignal(RiskSignal):
     name = "qerr"
     observes = ("qerr",)
+    settings_class = QerrSettings
 
     def __init__(self, unit_names: list[str], settings: dict):
         super().__init__(unit_names, settings)

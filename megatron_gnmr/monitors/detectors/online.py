@@ -80,5 +80,11 @@ class OnlineBand(FiresByStreak):
         self.rule.load_state_dict(state["rule"])
 
     @classmethod
+    def check(cls, monitor) -> None:
+        if monitor.monitor_reference:
+            raise ValueError("--monitor-reference uses the reference detector; drop "
+                             "--monitor-detector online or the references")
+
+    @classmethod
     def for_signal(cls, key: str, book, **shared) -> "OnlineBand":
         return cls(baseline_samples=book.baseline_samples, **shared)

@@ -121,5 +121,10 @@ class ReferenceBand(FiresByStreak):
         self.rule.load_state_dict(state["rule"])
 
     @classmethod
+    def check(cls, monitor) -> None:
+        if not monitor.monitor_reference:
+            raise ValueError("--monitor-detector reference needs --monitor-reference RUN_DIR ...")
+
+    @classmethod
     def for_signal(cls, key: str, book, **shared) -> "ReferenceBand":
         return cls(book.reference_profile(key), smooth=book.reference_smooth, **shared)

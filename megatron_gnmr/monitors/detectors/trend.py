@@ -131,6 +131,10 @@ class TrendModel(FiresByStreak):
         self.rule.load_state_dict(state["rule"])
 
     @classmethod
+    def check(cls, monitor) -> None:
+        """Needs nothing beyond its own settings (their ranges: monitors/config.py)."""
+
+    @classmethod
     def for_signal(cls, key: str, book, **shared) -> "TrendModel":
         return cls(window=book.trend_window, horizon=book.trend_horizon, axis=book.trend_axis,
                    **shared)
