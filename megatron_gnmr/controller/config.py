@@ -158,9 +158,13 @@ class GNMRRunConfig(*reversed(SIGNAL_SETTINGS), GNMRConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_limits(self, "gnmr")
-        from megatron_gnmr.controller.signals import parse_signals
+        from megatron_gnmr.controller.signals import observed_by, parse_signals
 
-        parse_signals(self.signals)
+        unknown = set(observed_by(parse_signals(self.signals))) - {"alarmed", *MEASUREMENTS}
+        if unknown:
+            raise ValueError(f"gnmr.signals read {', '.join(sorted(unknown))}, which no "
+                             f"measurement measures (precision/measurements/: "
+                             f"{', '.join(MEASUREMENTS)})")
         parse_measured(self.measure)
         for settings in SIGNAL_SETTINGS:
             if hasattr(settings, "check"):

@@ -4,9 +4,12 @@ A signal turns `Observations` (all-reduced, identical on every rank) into one sc
 > 1 meaning "risky". It says which observations it needs (`observes`: measured quantities by
 their registry name, `precision/measurements/`, or `alarmed`), so the controller asks the
 precision probes only for what some signal reads, and the trace records exactly what replay
-needs to score the signal again offline. Its settings arrive as the run's signal
-settings (a plain dict, also recorded in the trace header); anything it must remember
-between steps goes in `state_dict` (checkpointed, covered by the agreement digest).
+needs to score the signal again offline. Its knobs are its own `settings_class`: a dataclass
+whose fields (defaults and ranges declared with `limits.limit`, a docstring each, an optional
+`check()` across them) join the gnmr section as `--gnmr-<field>` flags and YAML keys, and
+replay's sweepable settings; they arrive as the run's signal settings (a plain dict by field
+name, also recorded in the trace header). Anything it must remember between steps goes in
+`state_dict` (checkpointed, covered by the agreement digest).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """`qerr`: the low-cost path's own damage, measured where it quantizes.
 
 e_u = max over the unit's low-path operands of ||Q(x) - x|| / ||x||
-(`precision/measurements/quantization_error.py`), scored against `qerr_ratio` x a baseline: the unit's own running mean of e (`history`, like
-GNMR) or this step's median over units (`peers`: damage that is structural, some units always
-worse than the others, shows against the peers and never against the unit's own past).
+(`precision/measurements/quantization_error.py`), scored against `qerr_ratio` x a baseline:
+the unit's own running mean of e (`history`, like GNMR) or this step's median over units
+(`peers`: damage that is structural, some units always worse than the others, shows against
+the peers and never against the unit's own past).
 """
 
 from __future__ import annotations
