@@ -1,8 +1,10 @@
 """The run's config: one typed dataclass per section, the single source of defaults.
 
-Each component's section lives with the component (`controller/config.py`,
-`monitors/config.py`, `precision/config.py`, `data/config.py`, `observe/config.py`); this
-module holds the model, parallel and training sections and composes them into `RunConfig`.
+Each component's section lives with the component (`controller/config.py`, whose risk
+signals bring their knobs as settings classes of their own, `monitors/config.py`,
+`precision/config.py`, `data/config.py`, `observe/config.py`, a model family's own section
+such as `model_families/deepseek_mla.py`'s); this module holds the model, parallel and
+training sections and composes them into `RunConfig`.
 YAML files and command-line flags both map onto these dataclasses (`arguments.py`), so a
 default or a range (`limits.limit`) is written exactly once. Field docstrings double as
 `--help`. Each field's flag is Megatron's name for it (`--num-layers`, `--micro-batch-size`,

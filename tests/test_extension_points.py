@@ -131,9 +131,10 @@ def test_a_new_alarm_detector_is_one_file_and_one_registry_line(tmp_path, monkey
     assert firing == [False, False, True, True, False]  # what the `monitor` risk signal reads
 
 
-def test_every_registered_monitor_and_detector_has_its_protocols_members():
-    """The Protocols in monitors/contracts.py list what the suite uses; each registered class
-    has all of it (a missing member fails here, not at a check step hours into a run)."""
+def test_every_registered_component_has_its_protocols_members():
+    """The Protocols (monitors/contracts.py, signals/base.py, measurements/base.py,
+    model_families/base.py) list what the code uses; each registered class has all of it (a
+    missing member fails here, not at a check step hours into a run)."""
     from megatron_gnmr.monitors.attention import AttentionMonitor
     from megatron_gnmr.monitors.contracts import Detector, Monitor
     from megatron_gnmr.monitors.router import RouterMonitor
@@ -146,6 +147,18 @@ def test_every_registered_monitor_and_detector_has_its_protocols_members():
         assert members(Monitor) <= set(dir(monitor)), monitor
     for detector in detectors.DETECTORS.values():
         assert members(Detector) <= set(dir(detector)), detector
+    from megatron_gnmr.controller.signals.base import RiskSignal
+    from megatron_gnmr.model_families import FAMILIES
+    from megatron_gnmr.model_families.base import ModelFamily
+    from megatron_gnmr.precision.measurements.base import Measurement
+
+    for signal in filter(None, signals.SIGNALS.values()):
+        assert members(RiskSignal) <= set(dir(signal)), signal
+    for measurement in measurements.MEASUREMENTS.values():
+        assert members(Measurement) <= set(dir(measurement)), measurement
+        assert isinstance(measurement.slots, int) and measurement.slots > 0, measurement
+    for family in FAMILIES.values():
+        assert members(ModelFamily) <= set(dir(family)), family
 
 
 def test_signal_keys_read_back_what_they_write():

@@ -88,7 +88,8 @@ def test_a_gpu_without_fp8_points_to_emulation(fake_gpu):
 def test_delayed_and_bad_formats_are_refused_before_te_is_asked(fake_gpu):
     fake_gpu(None)
     assert error(["--fp8-recipe", "delayed"]).startswith("--fp8-recipe delayed is refused")
-    assert error(["--fp8-format", "e5m2"]).startswith("--fp8-format 'e5m2'")
+    assert error(["--fp8-format", "e5m2"]).startswith(
+        "--fp8-format (YAML precision.fp8_format) must be one of hybrid, e4m3, got 'e5m2'")
     assert "needs Transformer Engine: transformer_engine cannot be imported" in error([])
 
 

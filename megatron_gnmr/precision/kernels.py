@@ -11,9 +11,21 @@ instead of patching the project's functions.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Protocol
 
 from megatron_gnmr.precision.paths import emulated_linear
+
+
+class GemmKernel(Protocol):
+    def __call__(self, x, weight, bias, path, allreduce_dgrad: bool, tp_group, probe,
+                 parallel: str | None):
+        """The linear's output for input `x` (autograd through the kernel's own function).
+        `path`: the unit's `GemmPath` this step; `allreduce_dgrad`: sum the input gradient
+        over `tp_group` (column-parallel); `parallel`: the TP split, column, row or None.
+        `probe` (a `probes.UnitProbe`, or None): a kernel calls its `forward_operands` and
+        `grad_operand` with the exact and the path's quantized operands, and its
+        `weight_gradient` with the exact input when `probe.keeps_exact_input`, so every
+        measured quantity sees this kernel's arithmetic."""
 
 
 def _emulated(x, weight, bias, path, allreduce_dgrad, tp_group, probe, parallel):
@@ -27,4 +39,4 @@ def _torchao(x, weight, bias, path, allreduce_dgrad, tp_group, probe, parallel):
     return torchao_linear(x, weight, bias, path, allreduce_dgrad, tp_group, parallel, probe)
 
 
-KERNELS: dict[str, Callable] = {"emulated": _emulated, "torchao": _torchao}
+KERNELS: dict[str, GemmKernel] = {"emulated": _emulated, "torchao": _torchao}

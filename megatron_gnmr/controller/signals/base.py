@@ -14,9 +14,9 @@ name, also recorded in the trace header). Anything it must remember between step
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Protocol
 
 import numpy as np
 
@@ -34,8 +34,9 @@ class Observations:
     each monitor family says which units its alarm names (monitors/families.py)."""
 
 
-class RiskSignal(ABC):
-    """Base class: implement `scores`; `observes` names the Observations fields it reads."""
+class RiskSignal(Protocol):
+    """The written contract of a risk signal; subclass it and implement `scores` (`observes`
+    names the observations it reads; the rest has defaults)."""
 
     name = ""
     observes: tuple[str, ...] = ()
