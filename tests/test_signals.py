@@ -126,6 +126,29 @@ def test_oracle_selects_the_units_with_the_largest_true_weight_gradient_error():
     assert set(decision.recovery) == set(np.argsort(expected)[-2:])
 
 
+def int_per_row(x: np.ndarray, bits: int) -> np.ndarray:
+    """Independent float64 symmetric per-row integer fake-quantization (RNE, saturate)."""
+    qmax = 2 ** (bits - 1) - 1
+    scale = qmax / np.abs(x).max(axis=-1, keepdims=True)
+    return np.clip(np.rint(x * scale), -qmax - 1, qmax) / scale
+
+
+def test_loss_cost_is_the_first_order_loss_change_of_the_forward_rounding():
+    """<dL/dy, Q(x) Q(W)^T - x W^T> against float64, W8A2 (ternary per-token inputs, INT8
+    per-channel weights), on the low path and in the shadow of the exact path."""
+    w8a2 = GemmPath("w8a2", input=QuantSpec("int2", "row"), weight=QuantSpec("int8", "row"))
+    x, w, g = heavy_tailed((32, 48), 3, 0.5), torch.randn(24, 48), torch.randn(32, 24)
+    x64, w64, g64 = (t.double().numpy() for t in (x, w, g))
+    expected = float(np.sum(g64 * (int_per_row(x64, 2) @ int_per_row(w64, 8).T - x64 @ w64.T)))
+    for path in (w8a2, GemmPath("exact")):
+        bank = ProbeBank(["u"], w8a2, ("loss_cost",))
+        run_unit(bank, "u", path, x, w, g)
+        assert read(bank, ("loss_cost",))["loss_cost"][0] == pytest.approx(expected, rel=1e-4)
+    unmeasured = ProbeBank(["u", "v"], w8a2, ("loss_cost",))
+    run_unit(unmeasured, "u", w8a2, x, w, g)
+    assert np.isnan(read(unmeasured, ("loss_cost",))["loss_cost"][1])  # v never ran
+
+
 def test_relative_errors_by_hand():
     sums = np.zeros((2, 10))  # qerr's four (err^2, ref^2) pairs, then the oracle's
     sums[0, 0:2] = [1.0, 4.0]   # input: sqrt(1/4) = 0.5

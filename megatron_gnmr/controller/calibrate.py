@@ -1,9 +1,10 @@
 """Which units to keep in high precision: the ranking and the budget rules behind
 `megatron-gnmr calibrate RUN_DIR` (the command: `experiments/calibrate_command.py`).
 
-From a run traced with `--gnmr-measure oracle` (or `qerr`), every unit's damage is its mean
-measured error of the low path over the traced steps: the oracle (the low path's weight
-gradient against the exact one) where recorded, else qerr (its operands' rounding error).
+From a run traced with `--gnmr-measure` (loss_cost, oracle or qerr), every unit's damage is
+its mean measured damage of the low path over the traced steps: the first-order loss cost of
+its forward rounding where recorded, else the oracle (the low path's weight gradient against
+the exact one), else qerr (its operands' rounding error); `--measure` picks one.
 The most damaged units, as many as the budget allows, are written as a
 `--te-precision-config-file` YAML keeping them in BF16: Megatron with Transformer Engine reads
 it as it is, and our runs read it with `--precision-config-file` (the calibrated static
@@ -27,18 +28,21 @@ from megatron_gnmr.errors import UserError
 from megatron_gnmr.precision.measurements import MEASUREMENTS
 
 
-def rank_units(trace) -> tuple[str, list[tuple[str, float]]]:
-    """(the measure used, [(unit, mean damage)] most damaged first): the recorded damage
-    measure that stands closest to the damage (`Measurement.damage_rank`)."""
-    damage_measures = sorted((m.damage_rank, name) for name, m in MEASUREMENTS.items()
-                             if m.damage_rank is not None)
-    for _, measure in damage_measures:
+def rank_units(trace, measure: str | None = None) -> tuple[str, list[tuple[str, float]]]:
+    """(the measure used, [(unit, mean damage)] most damaged first): `measure`'s values, or
+    those of the recorded damage measure that stands closest to the damage
+    (`Measurement.damage_rank`: the first-order loss cost, then the oracle, then qerr)."""
+    damage_measures = [measure] if measure else [
+        name for _, name in sorted((m.damage_rank, name) for name, m in MEASUREMENTS.items()
+                                   if m.damage_rank is not None)]
+    for measure in damage_measures:
         values = trace.measured.get(measure)
         if values is not None and np.isfinite(values).any():
             break
     else:
-        raise UserError("calibrate: the trace has no measured error; record one with "
-                        "--gnmr --gnmr-measure qerr,oracle")
+        raise UserError(f"calibrate: the trace has no measured {' or '.join(damage_measures)} "
+                        f"values; record them with --gnmr --gnmr-measure "
+                        f"{','.join(damage_measures)}")
     with np.errstate(invalid="ignore"):
         damage = np.nanmean(np.where(np.isfinite(values), values, np.nan), axis=0)
     order = np.argsort(-np.nan_to_num(damage, nan=-np.inf), kind="stable")

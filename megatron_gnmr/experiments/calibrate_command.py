@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the units of the first N layers before any ranked unit "
                         "(production's first-layer rule, with the rest of the budget "
                         "calibrated; default 0)")
+    parser.add_argument("--measure", default=None, metavar="NAME",
+                        help="the recorded measurement to rank by (default: the one closest "
+                        "to the damage: loss_cost, oracle, qerr)")
     parser.add_argument("--out", default=None, help="the YAML to write (default: "
                         "RUN_DIR/precision_config.yaml)")
 
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> Path:
     if not 0 < args.budget <= 1:
         raise UserError(f"calibrate --budget {args.budget}: use a share in (0, 1]")
     trace = read_trace(str(Path(args.run_dir) / "gnmr_trace.jsonl"))
-    measure, ranked = rank_units(trace)
+    measure, ranked = rank_units(trace, args.measure)
     if args.first_layers:
         first = tuple(f"layers.{layer}." for layer in range(args.first_layers))
         ranked = [r for r in ranked if r[0].startswith(first)] + \

@@ -40,12 +40,14 @@ class ProbeBank:
 
 
 class UnitProbe:
-    """What a unit linear's kernel calls at each GEMM event (nothing it computes is read by
-    the step: the kernels pass their tensors and carry on)."""
+    """What a unit linear's kernel calls at each GEMM event of one call (a new probe per
+    forward call, kept in the call's autograd context for its backward; nothing it computes
+    is read by the step: the kernels pass their tensors and carry on)."""
 
     def __init__(self, bank: ProbeBank, index: int):
         self.bank = bank
-        self.row = bank.sums[index]
+        row = bank.sums[index]
+        self.slots = [(measurement, Slots(row[where])) for measurement, where in bank.layout]
 
     @property
     def keeps_exact_input(self) -> bool:
@@ -53,8 +55,7 @@ class UnitProbe:
         return self.bank.keeps_exact_input
 
     def _each(self):
-        for measurement, where in self.bank.layout:
-            yield measurement, Slots(self.row[where])
+        return self.slots
 
     @torch.no_grad()
     def forward_operands(self, x, weight, run_path, x_q, w_q, saved, group) -> None:

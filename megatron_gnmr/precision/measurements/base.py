@@ -24,10 +24,13 @@ from megatron_gnmr.precision.scaling import quantize
 
 
 class Slots:
-    """One unit's slots of one measurement: a view of the probe bank's row."""
+    """One unit's slots of one measurement in one GEMM call: a view of the probe bank's row,
+    and `carry`, what the forward hook keeps for the backward hooks of the same call (it dies
+    with the call's autograd context: memory only while the call's activations live)."""
 
     def __init__(self, row: torch.Tensor):
         self.row = row
+        self.carry: dict = {}
 
     def add(self, slot: int, amount: torch.Tensor) -> None:
         self.row[slot] += amount.double()
