@@ -41,8 +41,9 @@ RECIPES = {  # flags, steps compared at rtol 1e-5
     "nvfp4": (["--precision-recipe", "nvfp4", "--no-nvfp4-stochastic-rounding"], 2),
     "act-quant": (["--precision-recipe", "act-quant", "--act-quant-bits", "3"], STEPS),
     # per-token / per-channel INT8: a row-parallel linear's rows are split along K, so their
-    # amaxes are reduced over TP
-    "w8a8": (["--precision-recipe", "w8a8"], 2),
+    # amaxes are reduced over TP; it measures qerr and the first-order loss cost too (sums
+    # over the TP ranks' slices: test_measured_quantities_tp2_match_tp1)
+    "w8a8": (["--precision-recipe", "w8a8", "--gnmr-measure", "qerr,loss_cost"], 2),
     # LoRA on a frozen W8A8 base, adapters in Megatron-Bridge's TP layout (the controller's
     # units are the adapted linears)
     "lora-w8a8": (["--precision-recipe", "w8a8", "--lora", "--lora-dim", "8"], 2),
@@ -113,6 +114,22 @@ def test_recipe_tp2_matches_tp1(runs, recipe):
 def test_real_float8_recipe_tp2_matches_tp1(float8_runs, recipe):
     root, steps = float8_runs
     _compare(root, recipe, steps, min(FLOAT8_RECIPES[recipe][1], steps))
+
+
+def test_measured_quantities_tp2_match_tp1(runs):
+    """The probes' sums over TP ranks (a column-parallel rank's slice of the output, a
+    row-parallel rank's partial sum) give the whole layer's values: qerr and the signed
+    first-order loss cost of every unit, at the steps the runs still agree."""
+    from megatron_gnmr.controller.trace import read_trace
+
+    tp1, tp2 = (read_trace(str(runs / "w8a8" / layout / "gnmr_trace.jsonl"))
+                for layout in ("tp1", "tp2"))
+    assert tp1.units == tp2.units
+    for name in ("qerr", "loss_cost"):
+        one, two = tp1.measured[name][:2], tp2.measured[name][:2]
+        assert np.isfinite(one).all() and np.abs(one).min() > 0, name
+        np.testing.assert_allclose(two, one, rtol=1e-3, atol=1e-4 * np.abs(one).max(),
+                                   err_msg=name)
 
 
 def _whole(shards: list, name: str):
