@@ -217,10 +217,11 @@ def test_a_binary_file_is_refused_in_one_line(tmp_path):
         pcf.high_precision_units(str(path), UNITS)
 
 
-def _trace(tmp_path, oracle_rows):
+def _trace(tmp_path, oracle_rows, loss_cost_rows=None):
     lines = [{"type": "header", "format": 2, "units": UNITS[:4], "config": {},
               "signal_settings": {}}]
-    lines += [{"step": step, "norms": [1.0] * 4, "recovery": [], "oracle": row}
+    lines += [{"step": step, "norms": [1.0] * 4, "recovery": [], "oracle": row,
+               **({"loss_cost": loss_cost_rows[step - 1]} if loss_cost_rows else {})}
               for step, row in enumerate(oracle_rows, start=1)]
     (tmp_path / "gnmr_trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return read_trace(str(tmp_path / "gnmr_trace.jsonl"))
@@ -235,6 +236,22 @@ def test_calibrate_ranks_by_mean_damage_and_rounds_the_budget(tmp_path):
     assert units_for_budget(ranked, 0.3) == [UNITS[3]]  # 1.2 units -> 1
     assert units_for_budget(ranked, 0.4) == [UNITS[3], UNITS[1]]  # 1.6 -> 2
     assert units_for_budget(ranked, 0.01) == [UNITS[3]]  # at least one
+
+
+def test_calibrate_prefers_the_loss_cost_and_takes_the_measure_asked_for(tmp_path):
+    """A trace with the first-order loss cost ranks by it (signed: a unit whose rounding
+    lowers the loss ranks last); --measure picks another recorded one; an unrecorded one is
+    refused by name."""
+    trace = _trace(tmp_path, [[0.1, 0.5, 0.2, 0.9]] * 2,
+                   loss_cost_rows=[[0.02, -0.01, 0.05, 0.0], [0.04, -0.03, 0.01, 0.0]])
+    measure, ranked = rank_units(trace)
+    assert measure == "loss_cost"
+    assert [unit for unit, _ in ranked] == [UNITS[2], UNITS[0], UNITS[3], UNITS[1]]
+    assert ranked[0][1] == pytest.approx(0.03) and ranked[-1][1] == pytest.approx(-0.02)
+    assert rank_units(trace, "oracle")[1][0][0] == UNITS[3]
+    with pytest.raises(UserError, match="no measured qerr values; record them with --gnmr "
+                       "--gnmr-measure qerr"):
+        rank_units(trace, "qerr")
 
 
 def test_a_run_keeps_the_configured_units_in_high_precision(tmp_path):
