@@ -42,9 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-layers-at-end-in-bf16 0; 12.5% of the GEMM FLOPs) recovered 0.89 and 0.87 of "
         "the loss gap; with --precision-recovery-gemms wgrad the same at 4.2% where only the "
         "backward is quantized (saved activations), nothing where the forward is (W8A2). "
-        "This ranking by measured error recovered 0.82 and 0.11 at 12.5%, and the last layer "
-        "-0.09 and 0.23. Start from the first layer; calibrate what remains, and check it "
-        "against the first layer alone on paired seeds (megatron-gnmr compare-frontier).")
+        "This ranking by the oracle's measured error recovered 0.82 and 0.11 at 12.5%, by the "
+        "first-order loss cost (W8A2) 0.70, and the last layer -0.09 and 0.23. Start from "
+        "the first layer; calibrate what remains, and check it against the first layer alone "
+        "on paired seeds (megatron-gnmr compare-frontier).")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run traced with --gnmr-measure")
     parser.add_argument("--budget", type=float, default=0.125,
                         help="share of the units' GEMM FLOPs (or of the units, with "
