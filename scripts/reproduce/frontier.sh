@@ -4,8 +4,9 @@
 # 2. `megatron-gnmr calibrate` of it at 12.5% and 25% of the units' GEMM FLOPs (all GEMMs, and
 #    the weight-gradient GEMM alone) -> configs/frontier/PREFIX_calibrated_*.yaml, ranked by
 #    the oracle; and, for a scenario that runs them, ranked by the first-order loss cost of
-#    the forward rounding -> PREFIX_loss_calibrated_*.yaml (committed; this step writes them
-#    again);
+#    the forward rounding -> PREFIX_loss_calibrated_*.yaml (and with the first layer kept
+#    before any ranked unit, PREFIX_first_loss_calibrated_*.yaml; committed; this step writes
+#    them again);
 # 3. every variant x seed (`reproduce`, two runs at a time, resumable);
 # 4. `compare-frontier`: the per-run summaries, the table and the plot in docs/runs/SCENARIO/.
 # Usage: scripts/reproduce/frontier.sh SCENARIO PREFIX [--tables-only]
@@ -34,6 +35,10 @@ for budget in 12 25; do
   if grep -q "${prefix}_loss_calibrated_$budget" "configs/scenarios/$scenario.yaml"; then
     .venv/bin/megatron-gnmr calibrate "$calibration" --budget $share --measure loss_cost \
       --out "configs/frontier/${prefix}_loss_calibrated_$budget.yaml"
+  fi
+  if grep -q "${prefix}_first_loss_calibrated_$budget" "configs/scenarios/$scenario.yaml"; then
+    .venv/bin/megatron-gnmr calibrate "$calibration" --budget $share --measure loss_cost \
+      --first-layers 1 --out "configs/frontier/${prefix}_first_loss_calibrated_$budget.yaml"
   fi
 done
 .venv/bin/megatron-gnmr reproduce "$scenario"
