@@ -8,8 +8,8 @@ trace records the values under the measurement's `name`; replay hands them back 
 signals unchanged, so a measurement needs nothing beyond this file to be traced, replayed
 and scored offline.
 
-Sums are what crosses ranks, so a measurement must be a function of sums: sums of squares,
-counts, maxima written as sums of one-hot rows are not (use counts). Hooks run inside
+Sums are what crosses ranks, so a measurement's value must be a function of sums (sums of
+squares, counts, dot products); a maximum or a median over ranks is not one. Hooks run inside
 `torch.no_grad` and must not change what they are given: nothing of the step reads them.
 """
 
