@@ -22,18 +22,29 @@ from megatron_gnmr.precision import measurements
 from tests.helpers import REPO, TINY, trace_records
 
 TOY_SIGNAL = textwrap.dedent('''
-    """`toy`: the first unit is always risky (an example)."""
+    """`toy`: the unit `toy_unit` names is always risky (an example)."""
+
+    from dataclasses import dataclass
 
     import numpy as np
 
     from megatron_gnmr.controller.signals.base import Observations, RiskSignal
+    from megatron_gnmr.limits import limit
+
+
+    @dataclass
+    class ToySettings:
+        toy_unit: int = limit(0, ge=0)
+        """toy signal: the index of the unit it makes risky."""
 
 
     class ToySignal(RiskSignal):
         name = "toy"
+        settings_class = ToySettings
 
         def scores(self, observations: Observations) -> np.ndarray:
-            return np.where(np.arange(len(self.unit_names)) == 0, 3.0, 0.0)
+            chosen = self.settings["toy_unit"]
+            return np.where(np.arange(len(self.unit_names)) == chosen, 3.0, 0.0)
 ''')
 
 
@@ -57,7 +68,10 @@ def test_a_new_risk_signal_is_one_file_and_one_registry_line(tmp_path, monkeypat
           "--gnmr", "--gnmr-signals", "toy", "--gnmr-warmup", "2", "--gnmr-delta", "1",
           "--save", str(run)])
     decided = [r["recovery"] for r in trace_records(run)]
-    assert decided == [[], [], [0], [0], [0]]  # risky once the warm-up is over
+    # risky once the warm-up is over; registered after the gnmr section was composed, its
+    # knob has no flag and takes its default (a registry line in SIGNALS makes it a flag)
+    assert decided == [[], [], [0], [0], [0]]
+    assert toy.ToySignal(["a", "b"], {"toy_unit": 1}).scores(None).tolist() == [0.0, 3.0]
 
     from megatron_gnmr.controller.config import GNMRConfig
     from megatron_gnmr.controller.replay import replay
