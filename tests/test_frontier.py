@@ -99,3 +99,21 @@ def test_reproduce_refuses_an_unknown_variant(tmp_path):
         reproduce(load_scenario("frontier_act_quant"), tmp_path, smoke=True,
                   variants=["all-medium"])
     assert json.dumps(list(tmp_path.iterdir())) == "[]"
+
+
+def test_calibration_summary_is_each_units_mean_and_standard_error(tmp_path):
+    run = tmp_path / "calibration-seed101"
+    run.mkdir()
+    rows = [[0.1, None], [0.3, 0.5], [0.2, 0.7]]  # the second unit unmeasured at step 1
+    lines = [{"type": "header", "format": 2, "units": ["a", "b"], "config": {},
+              "signal_settings": {}, "measured": ["loss_cost"]}]
+    lines += [{"step": i, "norms": [1.0, 1.0], "recovery": [], "loss_cost": row}
+              for i, row in enumerate(rows, start=1)]
+    (run / "gnmr_trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run / "metrics.jsonl").write_text(json.dumps({"valid/loss": 4.5}) + "\n")
+    summary = frontier.calibration_summary(run)
+    a, b = summary["measured"]["loss_cost"]["a"], summary["measured"]["loss_cost"]["b"]
+    assert a["mean"] == pytest.approx(0.2) and b["mean"] == pytest.approx(0.6)
+    assert a["standard_error"] == pytest.approx(0.1 / np.sqrt(3))  # sample std 0.1
+    assert b["standard_error"] == pytest.approx(np.sqrt(0.02) / np.sqrt(2))
+    assert summary["steps"] == 3 and summary["final_valid_loss"] == 4.5

@@ -21,7 +21,7 @@ from megatron_gnmr.precision.probes import ProbeBank
 from megatron_gnmr.precision.scaling import QuantSpec
 
 SETTINGS = {"qerr_ratio": 1.5, "qerr_baseline": "history", "static_units": "x",
-            "selection_seed": 0, "run_seed": 0}
+            "monitor_hold": 0, "selection_seed": 0, "run_seed": 0}
 LOW = GemmPath("act-int3", saved_input=QuantSpec("int3", "tensor"))
 RECOVERY = GemmPath("act-int8", saved_input=QuantSpec("int8", "tensor"))
 

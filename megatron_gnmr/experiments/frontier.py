@@ -11,6 +11,9 @@ variant and rules between them, each named in its `frontier:` section with its f
   runs, which trace the oracle's true weight-gradient error, also carry the run-time rules
   replayed on them at FLOP budgets (oracle capture: the share of the largest possible
   caught error);
+- the calibration run (`calibration-seed101`, which `calibrate` ranks), when present: each
+  measured quantity's per-unit mean and standard error over its traced steps
+  (`calibration-seed101.json`, committed: the numbers the calibrated files were chosen by);
 - the gate: all-low minus all-high, paired by seed, in standard errors;
 - per rule: its FLOP share and the gap it recovers, (L_low - L) / (L_low - L_high) per seed,
   with a 90% bootstrap interval over seeds; the paired difference to the best production rule
@@ -75,6 +78,28 @@ def run_summary(run_dir: Path) -> dict:
             summary["replayed"] = replayed_rules(trace, run_dir)
     summary["most_recovered"] = _top(chosen, len(losses))
     return summary
+
+
+def calibration_summary(run_dir: Path) -> dict:
+    """Per measured quantity, each unit's mean and standard error over the traced steps."""
+    from megatron_gnmr.controller.trace import read_trace
+
+    trace = read_trace(str(run_dir / "gnmr_trace.jsonl"))
+    valid = [r["valid/loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "valid/loss" in r]
+    measured = {}
+    for name, values in trace.measured.items():
+        steps = np.isfinite(values).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.nanmean(values, axis=0)
+            error = np.nanstd(values, axis=0, ddof=1) / np.sqrt(steps)
+        measured[name] = {unit: {"mean": float(m), "standard_error": float(e)}
+                          for unit, m, e in zip(trace.units, mean, error)}
+    return {"run": run_dir.name, "steps": len(trace.steps),
+            "final_valid_loss": valid[-1] if valid else None, "cpu": cpu_name(),
+            "measured": measured}
+
+
+CALIBRATION_RUN = "calibration-seed101"  # scripts/reproduce/frontier.sh's
 
 
 def _static_share(config: dict) -> float | None:
@@ -298,6 +323,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     text = markdown(scenario.name, table, spec, rows, verdicts,
                     gate(table, spec["low"], spec["high"]))
     (summaries / "table.md").write_text(text)
+    if (runs / CALIBRATION_RUN / "gnmr_trace.jsonl").is_file():
+        (summaries / f"{CALIBRATION_RUN}.json").write_text(
+            json.dumps(calibration_summary(runs / CALIBRATION_RUN), indent=1) + "\n")
     plot(scenario.name, rows, summaries / "frontier.png")
     print(text)
     return rows

@@ -54,24 +54,21 @@ class UnitProbe:
         """The kernel must keep the unquantized input for `weight_gradient`."""
         return self.bank.keeps_exact_input
 
-    def _each(self):
-        return self.slots
-
     @torch.no_grad()
     def forward_operands(self, x, weight, run_path, x_q, w_q, saved, group) -> None:
-        for measurement, slots in self._each():
+        for measurement, slots in self.slots:
             measurement.forward(slots, self.bank.low_path, x, weight, run_path, x_q, w_q,
                                 saved, group)
 
     @torch.no_grad()
     def grad_operand(self, grad_output, run_path, g_q, group) -> None:
-        for measurement, slots in self._each():
+        for measurement, slots in self.slots:
             measurement.output_gradient(slots, self.bank.low_path, grad_output, run_path, g_q,
                                         group)
 
     @torch.no_grad()
     def weight_gradient(self, grad_output, x_exact, run_path, grad_weight, group) -> None:
-        for measurement, slots in self._each():
+        for measurement, slots in self.slots:
             if measurement.keeps_exact_input:
                 measurement.weight_gradient(slots, self.bank.low_path, grad_output, x_exact,
                                             run_path, grad_weight, group)

@@ -58,17 +58,16 @@ def parse_signals(text: str) -> tuple[str, ...]:
 
 def build_signals(names: tuple[str, ...], unit_names: list[str],
                   settings: dict) -> list[RiskSignal]:
-    """The run's signals other than GNMR, in the order given. A signal registered after the
-    gnmr section was composed (a plugin, a test) has no flags for its knobs: it gets their
-    defaults."""
-    return [SIGNALS[name](unit_names, {**_late_defaults(SIGNALS[name]), **settings})
+    """The run's signals other than GNMR, in the order given. Each reads its knobs' defaults
+    where the settings lack them: a trace recorded before a knob existed, or a signal
+    registered after the gnmr section was composed (a plugin, a test: no flags)."""
+    return [SIGNALS[name](unit_names, {**_defaults(SIGNALS[name]), **settings})
             for name in names if SIGNALS[name] is not None]
 
 
-def _late_defaults(signal: type[RiskSignal]) -> dict:
-    if signal.settings_class is None or signal.settings_class in SIGNAL_SETTINGS:
-        return {}
-    return {f.name: f.default for f in dataclasses.fields(signal.settings_class)}
+def _defaults(signal: type[RiskSignal]) -> dict:
+    fields = dataclasses.fields(signal.settings_class) if signal.settings_class else ()
+    return {f.name: f.default for f in fields}
 
 
 def observed_by(names: tuple[str, ...]) -> tuple[str, ...]:

@@ -37,7 +37,7 @@ class MonitorSignal(RiskSignal):
 
     def __init__(self, unit_names: list[str], settings: dict):
         super().__init__(unit_names, settings)
-        self.hold = int(settings.get("monitor_hold", 0))  # traces before the hold: 0
+        self.hold = int(settings["monitor_hold"])
         self.remaining: dict[str, int] = {}
         """Prefix -> decisions it stays named after its alarm cleared (-1: always)."""
 
