@@ -4,8 +4,12 @@ times. The process group stays up between runs; megatron's model-parallel state 
 for each (different TP/PP sizes are fine within one world size).
 
     python batch_runner.py RUNS.json      # RUNS.json: a list of argv lists
+
+An entry may instead be {"argv": [...], "defect": NAME}: the run with one of
+`defects.py`'s planted defects, for the tests that show a comparison can fail.
 """
 
+import contextlib
 import json
 import sys
 
@@ -20,16 +24,21 @@ def main(path: str) -> None:
     from megatron_gnmr.training.loop import Trainer
     from megatron_gnmr.validation import validate
 
+    from tests.distributed.defects import DEFECTS
+
     quiet_known_warnings()
-    for argv in json.loads(open(path).read()):
+    for entry in json.loads(open(path).read()):
+        argv, defect = (entry["argv"], entry["defect"]) if isinstance(entry, dict) \
+            else (entry, None)
         config = parse_config(argv)
         validate(config, launch_world_size())
         distributed.initialize(config)
-        trainer = Trainer(config)
-        try:
-            trainer.run()
-        finally:
-            trainer.close()
+        with DEFECTS[defect]() if defect else contextlib.nullcontext():
+            trainer = Trainer(config)
+            try:
+                trainer.run()
+            finally:
+                trainer.close()
         parallel_state.destroy_model_parallel()
     distributed.shutdown()
 

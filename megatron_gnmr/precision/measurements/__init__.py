@@ -11,12 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from megatron_gnmr.precision.measurements.base import Measurement, Slots
-from megatron_gnmr.precision.measurements.first_order_loss import FirstOrderLossCost
+from megatron_gnmr.precision.measurements.first_order_loss import (
+    FirstOrderLossCost,
+    GrossFirstOrderLossCost,
+)
 from megatron_gnmr.precision.measurements.quantization_error import QuantizationError
 from megatron_gnmr.precision.measurements.weight_gradient_error import WeightGradientError
 
 MEASUREMENTS: dict[str, Measurement] = {
-    m.name: m for m in (QuantizationError(), WeightGradientError(), FirstOrderLossCost())}
+    m.name: m for m in (QuantizationError(), WeightGradientError(), FirstOrderLossCost(),
+                        GrossFirstOrderLossCost())}
 
 # Keys a trace record already uses (controller/trace.py): no measurement may take them.
 RESERVED = frozenset({"type", "step", "norms", "recovery", "alarmed"})

@@ -11,8 +11,15 @@ row-parallel rank a partial sum of y against the whole dL/dy). Signed: a roundin
 happens to lower the loss counts against one that raises it; the noise cancels over steps,
 the bias stays. The weight gradient's damage is not in it (the oracle's).
 
+`loss_cost_gross` sums the same terms' magnitudes, sum |dL/dy * dy| over the output's
+elements: how much loss the rounding moves in either direction. It is the yardstick of the
+signed sum: loss_cost / loss_cost_gross near 0 is rounding noise that cancels, near +-1 a
+rounding that pushes the loss one way (a bias); and two layouts or kernels whose float32
+partial sums flip a few roundings differ in loss_cost by a small share of loss_cost_gross,
+however small loss_cost itself happens to be (tests/distributed/test_precision_tp.py).
+
 Cost: one extra output-sized GEMM per probed call (two in the shadow), and the output error
-kept until the call's backward.
+kept until the call's backward; each of the two names pays its own.
 """
 
 from __future__ import annotations
@@ -50,3 +57,16 @@ class FirstOrderLossCost(Measurement):
 
     def value(self, sums: np.ndarray) -> np.ndarray:
         return np.where(sums[:, 1] > 0, sums[:, 0], np.nan)
+
+
+class GrossFirstOrderLossCost(FirstOrderLossCost):
+    name = "loss_cost_gross"
+    damage_rank = None  # a scale for loss_cost, not a ranking of damage
+
+    @torch.no_grad()
+    def output_gradient(self, slots: Slots, low_path, grad_output, run_path, g_q,
+                        group) -> None:
+        error = slots.carry.pop("output_error", None)
+        if error is not None:
+            slots.add(0, torch.sum(torch.abs(grad_output.float() * error.float())))
+            slots.add(1, torch.ones((), dtype=torch.float64))

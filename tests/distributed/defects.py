@@ -1,0 +1,51 @@
+"""Defects planted on purpose in a real run (`batch_runner.py`'s `defect` entries), to show
+that a cross-layout comparison fails when the distributed arithmetic is wrong, not only that
+it passes when it is right. Each is a context manager patching one function for one run."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+@contextlib.contextmanager
+def probe_partial_dropped(rank: int = 1):
+    """TP rank `rank` hands zeros to the statistics all-reduce in place of its probe sums:
+    its partial sums (a column-parallel rank's slice of the output, a row-parallel rank's
+    partial products) never reach the whole layer's value."""
+    from megatron_gnmr.precision.probes import ProbeBank
+
+    take = ProbeBank.take
+
+    def dropped(self):
+        sums = take(self)
+        return torch.zeros_like(sums) if torch.distributed.get_rank() == rank else sums
+
+    ProbeBank.take = dropped
+    try:
+        yield
+    finally:
+        ProbeBank.take = take
+
+
+@contextlib.contextmanager
+def probe_sums_averaged():
+    """The wrong reduction: the probe sums averaged over the ranks instead of summed (what a
+    mean-reducing all-reduce, or a reduction meant for replicated values, would do)."""
+    from megatron_gnmr.precision.probes import ProbeBank
+
+    take = ProbeBank.take
+
+    def averaged(self):
+        return take(self) / torch.distributed.get_world_size()
+
+    ProbeBank.take = averaged
+    try:
+        yield
+    finally:
+        ProbeBank.take = take
+
+
+DEFECTS = {"probe_partial_dropped": probe_partial_dropped,
+           "probe_sums_averaged": probe_sums_averaged}
