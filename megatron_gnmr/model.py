@@ -206,7 +206,9 @@ def bind_precision(unit_modules: dict[str, torch.nn.Module], config: RunConfig, 
     backend = precision_backend(config.precision)
     if backend.recipe is None and backend.layer_spec is None:
         return  # megatron's own linears: nothing switches
-    runtime = PrecisionRuntime(build_recipe(config.precision), plan, probes,
+    runtime = PrecisionRuntime(build_recipe(config.precision), plan,
+                               probes if probes is not None and probes.watches("linear")
+                               else None,
                                config.precision.precision_recovery_gemms.split(","))
     for name, module in unit_modules.items():
         module.unit_name = name

@@ -336,13 +336,20 @@ def validate_controller(config: RunConfig) -> None:
 
     eligible_unit_names(UnitShape.of_run(config), gnmr.units, lora_units(config))  # raises if none
     probed = gnmr.probed()
+    from megatron_gnmr.precision.attention_fault import switchable_attention
     from megatron_gnmr.precision.backends import BACKENDS, backend
+    from megatron_gnmr.precision.measurements import watching
 
-    if probed and not backend(config.precision).probes:
+    of_linears, of_attention = watching(probed, "linear"), watching(probed, "attention")
+    if of_linears and not backend(config.precision).probes:
         able = ", ".join(name for name, b in BACKENDS.items() if b.probes)
-        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} measure the "
+        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(of_linears)} measure the "
                         f"low-cost path where it quantizes; use --precision-recipe {able} (not "
                         f"{config.precision.precision_recipe})")
+    if of_attention and not switchable_attention(config):
+        raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(of_attention)} measure the "
+                        "core attention's low-cost path; give it one with --attention-precision "
+                        "fp8 or --attention-fault-bits N")
     if probed and config.parallel.expert_model_parallel_size > 1:
         raise UserError(f"--gnmr-signals/--gnmr-measure {','.join(probed)} are not supported "
                         "with --expert-model-parallel-size > 1 yet")

@@ -153,7 +153,8 @@ class GNMRRunConfig(*reversed(SIGNAL_SETTINGS), GNMRConfig):
     baselines random, static, oracle (see controller/signals/)."""
     measure: str = ""
     """Measured quantities to trace without a signal acting on them, for replay and calibrate
-    (comma list: qerr, oracle; precision/measurements/)."""
+    (comma list of precision/measurements/: qerr, oracle, loss_cost, loss_cost_gross of the
+    linears; attention_error, fp8_underflow, fp8_mse of the core attention)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

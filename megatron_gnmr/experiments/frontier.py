@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.experiments.closed_loop import cpu_name
+from megatron_gnmr.experiments.provenance import cpu_name
 from megatron_gnmr.experiments.run_summaries import add_location_arguments, collect, locations
 from megatron_gnmr.experiments.scenario import SCENARIO_DIR
 from megatron_gnmr.jsonl import read_jsonl

@@ -44,8 +44,10 @@ def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None,
     if not (run_dir / "summary.json").is_file():
         log.unlink(missing_ok=True)
         # --resume auto: a run interrupted after a checkpoint continues from it
-        code = _run_logged([str(REPO / "pretrain_llama.py"), *flags, "--save", str(run_dir),
-                            "--resume", "auto"], log)
+        command = [str(REPO / "pretrain_llama.py"), *flags, "--save", str(run_dir),
+                   "--resume", "auto"]
+        record_provenance(run_dir, command)
+        code = _run_logged(command, log)
         if code not in (0, 3):  # 3: the run stopped itself (recorded, not a crash)
             raise RuntimeError(f"run {run_dir.name} failed ({code}); see {log}")
     summary_path = run_dir / "summary.json"
@@ -58,6 +60,17 @@ def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None,
         if code != 0:
             raise RuntimeError(f"the evaluation of {run_dir.name} failed ({code}); see {log}")
     return json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+
+
+def record_provenance(run_dir: Path, command: list[str]) -> None:
+    """What a third party needs to check a run: its command line, the commit and packages it
+    ran with, the CPU (runs pair bitwise on one CPU only). One line per start of the run (a
+    resumed run appends its own), in `provenance.jsonl`."""
+    from megatron_gnmr.experiments.provenance import provenance
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "provenance.jsonl").open("a") as out:
+        out.write(json.dumps(provenance(REPO, ["python", *command])) + "\n")
 
 
 def pretrain(scenario: Scenario, smoke: bool, cache_dir: str) -> Path:

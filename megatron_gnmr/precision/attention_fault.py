@@ -38,6 +38,11 @@ FP8_FORWARD = QuantSpec("e4m3")  # Q, K, V, P
 FP8_GRADIENT = QuantSpec("e5m2")  # dO
 
 
+def fp8_spec_of(operand: str) -> QuantSpec:
+    """How FP8 attention holds an operand (`q`, `k`, `v`, `p` or `do`)."""
+    return FP8_GRADIENT if operand == "do" else FP8_FORWARD
+
+
 def switchable_attention(config) -> bool:
     """Whether a run's core attention has a low-cost path (and so is a unit of each layer)."""
     return config.precision.attention_precision != "exact" or \
@@ -84,11 +89,15 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Causal softmax attention on [batch, heads, seq, d_head] with flash attention's
     backward formulas. `fp8`: Q, K, V, P in E4M3 and dO in E5M2 (per-tensor current scaling,
     amaxes reduced over `group`), the GEMMs on those operands as an FP8 kernel runs them;
-    `fault_bits` > 0 biases the rounding of O inside delta."""
+    `fault_bits` > 0 biases the rounding of O inside delta. `probe` (a
+    `probes.UnitProbe`, or None) is shown the operands and the delta stage, with `low`, the
+    unit's low-cost `AttentionPath` (it only measures: nothing here reads what it computes)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, fault_bits: int, fp8: bool = False, group=None):
+    def forward(ctx, q, k, v, scale: float, fault_bits: int, fp8: bool = False, group=None,
+                probe=None, low=None):
         forward_spec = FP8_FORWARD if fp8 else None
+        exact = {"q": q, "k": k, "v": v}
         q, k, v = (_maybe_quantize(t, forward_spec, group) for t in (q, k, v))
         scores = torch.matmul(q, k.transpose(-1, -2)) * scale
         seq = q.shape[-2]
@@ -100,11 +109,19 @@ class FlashAttentionFunction(torch.autograd.Function):
         out = torch.matmul(held_p, v)
         ctx.save_for_backward(q, k, v, probabilities, held_p, out)
         ctx.scale, ctx.fault_bits, ctx.fp8, ctx.group = scale, fault_bits, fp8, group
+        ctx.probe, ctx.low = probe, low
+        if probe is not None:
+            held = {"q": q, "k": k, "v": v}
+            probe.attention_operands(low, AttentionPath(fp8, fault_bits),
+                                     {name: (exact[name], held[name]) for name in exact}, group)
+            probe.attention_operands(low, AttentionPath(fp8, fault_bits),
+                                     {"p": (probabilities, held_p)}, group)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, probabilities, held_p, out = ctx.saved_tensors
+        exact_grad_out = grad_out
         grad_out = _maybe_quantize(grad_out, FP8_GRADIENT if ctx.fp8 else None, ctx.group)
         grad_v = torch.matmul(held_p.transpose(-1, -2), grad_out)
         grad_p = torch.matmul(grad_out, v.transpose(-1, -2))
@@ -113,7 +130,13 @@ class FlashAttentionFunction(torch.autograd.Function):
         grad_s = probabilities * (grad_p - delta)
         grad_q = torch.matmul(grad_s, k) * ctx.scale
         grad_k = torch.matmul(grad_s.transpose(-1, -2), q) * ctx.scale
-        return grad_q, grad_k, grad_v, None, None, None, None
+        if ctx.probe is not None:
+            run = AttentionPath(ctx.fp8, ctx.fault_bits)
+            ctx.probe.attention_operands(ctx.low, run, {"do": (exact_grad_out, grad_out)},
+                                         ctx.group)
+            ctx.probe.attention_delta(ctx.low, run, probabilities, grad_p, grad_out, out,
+                                      ctx.group)
+        return grad_q, grad_k, grad_v, None, None, None, None, None, None
 
 
 class AttentionGradSums:
@@ -155,10 +178,20 @@ class AttentionRuntime:
     fault: FaultSchedule = field(default_factory=FaultSchedule)
     grad_sums: AttentionGradSums | None = None
 
+    probes: object = None  # a probes.ProbeBank when the controller measures the attention
+
+    def low_path(self) -> AttentionPath:
+        """The low-cost path as it runs in this step (the fault from its start step)."""
+        return AttentionPath(self.fp8, self.fault.bits if self.fault.active else 0)
+
     def path_for(self, unit_name: str | None) -> AttentionPath:
         if unit_name is not None and self.plan.is_recovery(unit_name):
             return EXACT_ATTENTION
-        return AttentionPath(self.fp8, self.fault.bits if self.fault.active else 0)
+        return self.low_path()
+
+    def probe_for(self, unit_name: str | None):
+        return self.probes.probe(unit_name) if self.probes is not None and \
+            unit_name is not None else None
 
 
 class EmulatedFlashAttention(DotProductAttention):
@@ -199,22 +232,32 @@ class EmulatedFlashAttention(DotProductAttention):
             from megatron.core import parallel_state
 
             group = parallel_state.get_tensor_model_parallel_group()  # heads are split
+        probe = self.runtime.probe_for(self.unit_name) if self.runtime is not None and \
+            self.training else None
+        if probe is not None and group is None and self.config.tensor_model_parallel_size > 1:
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_tensor_model_parallel_group()  # the shadow's amaxes
         out = FlashAttentionFunction.apply(q, k, v, self.softmax_scale, path.fault_bits,
-                                           path.fp8, group)
+                                           path.fp8, group, probe, self.runtime.low_path()
+                                           if probe is not None else None)
         seq, batch = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # heads x value width
 
 
 def bind_attention(model_chunks, unit_modules: dict, plan, config, fault: FaultSchedule,
-                   registry=None) -> AttentionGradSums | None:
+                   registry=None, probes=None) -> AttentionGradSums | None:
     """Give every emulated core attention the run's `AttentionRuntime` and its unit name; with
-    the controller on, the gradient sums of the eligible ones (None if none is eligible)."""
+    the controller on, the gradient sums of the eligible ones (None if none is eligible), and
+    the probe bank when the controller measures something of the attention."""
     from megatron_gnmr.platform.device import run_device
 
     names = [] if registry is None else registry.names
     eligible = [name for name in names if name.endswith(".core_attention")]
     sums = AttentionGradSums(names, eligible, run_device()) if eligible else None
-    runtime = AttentionRuntime(plan, config.precision.attention_precision == "fp8", fault, sums)
+    runtime = AttentionRuntime(plan, config.precision.attention_precision == "fp8", fault, sums,
+                               probes if probes is not None and probes.watches("attention")
+                               else None)
     for name, module in unit_modules.items():
         if isinstance(module, EmulatedFlashAttention):
             module.unit_name = name

@@ -5,7 +5,8 @@ controller, in the same all-reduce as the gradient norms. What is measured is th
 business (`precision/measurements/`: `qerr`, the low path's rounding error; `oracle`, its
 weight gradient's true error); the bank holds one row of float64 sums per unit, each
 measurement owning a contiguous run of slots, and a unit's probe hands each GEMM event to
-every measurement of the run.
+every measurement of the run that watches that kind of unit (a unit linear's GEMMs, or a core
+attention's operands and backward: `precision/attention_fault.py` calls the latter).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ class ProbeBank:
         width = sum(measurement.slots for measurement, _ in self.layout)
         self.sums = torch.zeros(len(unit_names), width, dtype=torch.float64, device=device)
 
+    def watches(self, kind: str) -> bool:
+        """Whether some measurement of the run watches `kind` units (linear, attention)."""
+        return any(measurement.watches == kind for measurement, _ in self.layout)
+
     def probe(self, unit_name: str) -> "UnitProbe | None":
         index = self.index.get(unit_name)
         return None if index is None else UnitProbe(self, index)
@@ -47,7 +52,11 @@ class UnitProbe:
     def __init__(self, bank: ProbeBank, index: int):
         self.bank = bank
         row = bank.sums[index]
-        self.slots = [(measurement, Slots(row[where])) for measurement, where in bank.layout]
+        self.slots = [(measurement, Slots(row[where])) for measurement, where in bank.layout
+                      if measurement.watches == "linear"]
+        self.attention_slots = [(measurement, Slots(row[where]))
+                                for measurement, where in bank.layout
+                                if measurement.watches == "attention"]
 
     @property
     def keeps_exact_input(self) -> bool:
@@ -74,8 +83,24 @@ class UnitProbe:
                                             run_path, grad_weight, group)
 
 
+    @torch.no_grad()
+    def attention_operands(self, low_path, run_path, operands: dict, group) -> None:
+        """A core attention's FP8 operands (name -> (exact, held)); the paths are
+        `attention_fault.AttentionPath`s."""
+        for measurement, slots in self.attention_slots:
+            measurement.attention_operands(slots, low_path, run_path, operands, group)
+
+    @torch.no_grad()
+    def attention_delta(self, low_path, run_path, probabilities, grad_p, grad_out, out,
+                        group) -> None:
+        for measurement, slots in self.attention_slots:
+            measurement.attention_delta(slots, low_path, run_path, probabilities, grad_p,
+                                        grad_out, out, group)
+
+
 def build_probes(config, registry) -> ProbeBank | None:
-    """The run's probe bank, when its controller measures something."""
+    """The run's probe bank, when its controller measures something. The linears' low path
+    is the recipe's (None without one: then only the attention is measured)."""
     from megatron_gnmr.precision.backends import build_recipe
 
     if registry is None or not config.gnmr.probed():
@@ -83,4 +108,5 @@ def build_probes(config, registry) -> ProbeBank | None:
     from megatron_gnmr.platform.device import run_device
 
     recipe = build_recipe(config.precision)
-    return ProbeBank(registry.names, recipe.low, config.gnmr.probed(), device=run_device())
+    return ProbeBank(registry.names, recipe.low if recipe is not None else None,
+                     config.gnmr.probed(), device=run_device())

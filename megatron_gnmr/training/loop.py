@@ -168,7 +168,7 @@ class Trainer:
         self.faults = FaultHooks(t.inject_nonfinite, linears, from_environment=True)
         self.attention_fault = FaultSchedule(t.attention_fault_bits, t.attention_fault_start)
         attention_sums = bind_attention(self.model, units_here, self.plan, config,
-                                        self.attention_fault, registry)
+                                        self.attention_fault, registry, probes)
         self.controller = Controller(
             config.gnmr, registry, self.model, self.plan,
             expert_parallel=bool(config.model.num_experts), probes=probes, seed=t.seed,

@@ -10,23 +10,29 @@ from __future__ import annotations
 
 import numpy as np
 
+from megatron_gnmr.precision.measurements.attention_delta_error import AttentionDeltaError
 from megatron_gnmr.precision.measurements.base import Measurement, Slots
 from megatron_gnmr.precision.measurements.first_order_loss import (
     FirstOrderLossCost,
     GrossFirstOrderLossCost,
+)
+from megatron_gnmr.precision.measurements.fp8_tensor_quality import (
+    FP8MeanSquaredError,
+    FP8Underflow,
 )
 from megatron_gnmr.precision.measurements.quantization_error import QuantizationError
 from megatron_gnmr.precision.measurements.weight_gradient_error import WeightGradientError
 
 MEASUREMENTS: dict[str, Measurement] = {
     m.name: m for m in (QuantizationError(), WeightGradientError(), FirstOrderLossCost(),
-                        GrossFirstOrderLossCost())}
+                        GrossFirstOrderLossCost(), AttentionDeltaError(), FP8Underflow(),
+                        FP8MeanSquaredError())}
 
 # Keys a trace record already uses (controller/trace.py): no measurement may take them.
 RESERVED = frozenset({"type", "step", "norms", "recovery", "alarmed"})
 
 __all__ = ["MEASUREMENTS", "Measurement", "Slots", "in_registry_order", "layout", "parse_measured",
-           "values"]
+           "values", "watching"]
 
 
 def parse_measured(text: str) -> tuple[str, ...]:
@@ -61,3 +67,9 @@ def layout(names) -> list[tuple[Measurement, slice]]:
 def values(names, sums: np.ndarray) -> dict[str, np.ndarray]:
     """[units, slots] all-reduced sums of the named measurements -> {name: [units] values}."""
     return {m.name: m.value(sums[:, where]) for m, where in layout(names)}
+
+
+def watching(names, kind: str) -> tuple[str, ...]:
+    """The named measurements that watch `kind` units (`linear` or `attention`)."""
+    return tuple(name for name in in_registry_order(names)
+                 if MEASUREMENTS[name].watches == kind)

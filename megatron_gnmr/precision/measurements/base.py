@@ -8,6 +8,11 @@ trace records the values under the measurement's `name`; replay hands them back 
 signals unchanged, so a measurement needs nothing beyond this file to be traced, replayed
 and scored offline.
 
+A measurement watches one kind of unit (`watches`): the unit linears' GEMMs (above), or the
+core attention (`--attention-precision fp8` / `--attention-fault-bits`: its `attention_*`
+hooks, called by `precision/attention_fault.py` with the attention's FP8 operands and its
+backward's delta stage).
+
 Sums are what crosses ranks, so a measurement's value must be a function of sums (sums of
 squares, counts, dot products); a maximum or a median over ranks is not one. Hooks run inside
 `torch.no_grad` and must not change what they are given: nothing of the step reads them.
@@ -76,6 +81,9 @@ class Measurement(Protocol):
     damage_rank: int | None = None
     """How directly it measures the low path's damage, for `megatron-gnmr calibrate`'s choice
     among the recorded ones (lower first; None: not a damage measure)."""
+    watches = "linear"
+    """The units it measures: `linear` (the unit linears' GEMMs, where a precision recipe
+    quantizes) or `attention` (the core attention's low-cost path)."""
 
     def forward(self, slots: Slots, low_path, x, weight, run_path, x_q, w_q, saved,
                 group) -> None:
@@ -89,6 +97,17 @@ class Measurement(Protocol):
     def weight_gradient(self, slots: Slots, low_path, grad_output, x_exact, run_path,
                         grad_weight, group) -> None:
         """The weight gradient the run path computed (called when `keeps_exact_input`)."""
+
+    def attention_operands(self, slots: Slots, low_path, run_path, operands: dict,
+                           group) -> None:
+        """The core attention's FP8 operands (`q`, `k`, `v`, `p` in the forward, `do` in the
+        backward, one call each): name -> (the exact tensor, what the run path holds).
+        `low_path`, `run_path`: `attention_fault.AttentionPath`s."""
+
+    def attention_delta(self, slots: Slots, low_path, run_path, probabilities, grad_p,
+                        grad_out, out, group) -> None:
+        """The attention backward's delta stage: P (softmax), dP = dO V^T, the dO it used and
+        the exact output O; the run computed delta = rowsum(dO * O as the path holds it)."""
 
     def value(self, sums: np.ndarray) -> np.ndarray:
         """[units, slots] all-reduced sums -> [units] values (NaN: not measured)."""

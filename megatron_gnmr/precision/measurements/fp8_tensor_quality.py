@@ -1,0 +1,69 @@
+"""`fp8_underflow` and `fp8_mse`: the quantization quality metrics of Transformer Engine's
+AutoswitchGemm (NVIDIA/TransformerEngine pull request 2883, open; read at its commit
+0721ed25: `transformer_engine/debug/features/autoswitch_gemm.py`), on the core attention's
+FP8 operands (Q, K, V and P in E4M3, dO in E5M2).
+
+Per operand, as the pull request computes them on a tensor x and its dequantized FP8 copy q:
+  underflow % = 100 x #(x != 0 and q == 0) / #x,   MSE = mean((x - q)^2)  (x's own units);
+and a GEMM's metric is the worst of the operands it reads (OR over tensors). The core
+attention is one unit here, switched as a whole, so its value is the worst over all five
+operands. Where ours differs: the counts and squared errors are summed over the step's
+micro-batches and every TP rank's heads before the ratio (one decision for all ranks, from
+the whole tensors; the pull request decides per rank, per micro-batch call). A recovered
+attention is measured in the shadow (its operands quantized aside as the low path would).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from megatron_gnmr.precision.measurements.base import Measurement, Slots
+
+OPERANDS = ("q", "k", "v", "p", "do")
+
+
+class FP8Underflow(Measurement):
+    name = "fp8_underflow"
+    slots = 3 * len(OPERANDS)  # per operand: underflowed elements, squared error, elements
+    watches = "attention"
+
+    @torch.no_grad()
+    def attention_operands(self, slots: Slots, low_path, run_path, operands: dict,
+                           group) -> None:
+        from megatron_gnmr.precision.attention_fault import fp8_spec_of
+        from megatron_gnmr.precision.scaling import quantize
+
+        if not low_path.fp8:
+            return  # the low path holds these operands exactly
+        for name, (exact, held) in operands.items():
+            low = held if run_path.fp8 else quantize(exact, fp8_spec_of(name), group)
+            exact, low = exact.float(), low.float()
+            where = 3 * OPERANDS.index(name)
+            slots.add(where, torch.count_nonzero((exact != 0) & (low == 0)))
+            slots.add(where + 1, torch.dist(low, exact).square())
+            slots.add(where + 2, torch.tensor(float(exact.numel()), device=exact.device))
+
+    def per_operand(self, sums: np.ndarray) -> np.ndarray:
+        """[units, operands, (underflowed, squared error, elements)]."""
+        return sums.reshape(sums.shape[0], len(OPERANDS), 3)
+
+    def worst(self, part: np.ndarray, elements: np.ndarray) -> np.ndarray:
+        """The worst operand's part / elements per unit (NaN: nothing measured)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratios = np.where(elements > 0, part / elements, np.nan)
+        measured = ~np.isnan(ratios)
+        return np.where(measured.any(axis=1),
+                        np.max(np.where(measured, ratios, -np.inf), axis=1), np.nan)
+
+    def value(self, sums: np.ndarray) -> np.ndarray:
+        per = self.per_operand(sums)
+        return 100.0 * self.worst(per[..., 0], per[..., 2])
+
+
+class FP8MeanSquaredError(FP8Underflow):
+    name = "fp8_mse"
+
+    def value(self, sums: np.ndarray) -> np.ndarray:
+        per = self.per_operand(sums)
+        return self.worst(per[..., 1], per[..., 2])
