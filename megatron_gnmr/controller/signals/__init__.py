@@ -21,6 +21,8 @@ import dataclasses
 
 import numpy as np
 
+from megatron_gnmr.controller.signals.attention_error import AttentionErrorSignal
+from megatron_gnmr.controller.signals.autoswitch import AutoswitchSignal
 from megatron_gnmr.controller.signals.base import Observations, RiskSignal
 from megatron_gnmr.controller.signals.monitor import MonitorSignal
 from megatron_gnmr.controller.signals.oracle import OracleSignal
@@ -35,6 +37,8 @@ SIGNALS: dict[str, type[RiskSignal] | None] = {
     "random": RandomSignal,
     "static": StaticSignal,
     "oracle": OracleSignal,
+    "autoswitch": AutoswitchSignal,
+    "attention_error": AttentionErrorSignal,
 }
 
 # The gnmr section's fields that belong to a signal (controller/config.py composes them).
