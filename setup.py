@@ -39,8 +39,13 @@ setup(
         "numpy",
         # YAML run configs.
         "pyyaml",
-        # The BPE tokenizer trained on the prepared corpus (exact round trips).
+        # The BPE tokenizer trained on the prepared corpus (exact round trips), and Megatron-LM's
+        # SentencePiece tokenizer types.
         "sentencepiece",
+        # Hugging Face tokenizers (--tokenizer-type HuggingFaceTokenizer: tokenizer.json) and
+        # GPT-2's BPE (GPT2BPETokenizer), read from local files with the library transformers'
+        # fast tokenizers run on (a small compiled wheel; transformers itself is not needed).
+        "tokenizers>=0.20",
         # Progress bars for data preparation and replay.
         "tqdm",
         # Dashboards are part of every run, not an option: W&B (offline by default, ~20 s to

@@ -33,6 +33,10 @@ from megatron_gnmr.precision.config import PrecisionConfig
 # layers, hidden 16384, FFN 53248, 128 heads, 128k context; DeepSeek-V3: 256 experts). Beyond
 # them a value is a typo, and a memory estimate or a build would answer it with nonsense.
 MAX_LAYERS, MAX_WIDTH, MAX_HEADS, MAX_SEQUENCE, MAX_EXPERTS = 4096, 1 << 20, 8192, 1 << 22, 1 << 14
+# megatron-core's OptimizerParamScheduler: its decay styles and WSD's final decay shapes.
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
+DEFAULT_TRAIN_ITERS = 100
 
 
 @dataclass
@@ -53,12 +57,27 @@ class ModelConfig:
     """Key/value heads for grouped-query attention (None: one per query head; llama only)."""
     seq_length: int = limit(128, ge=1, le=MAX_SEQUENCE)
     """Training sequence length in tokens."""
+    kv_channels: Optional[int] = limit(None, ge=1, le=MAX_WIDTH)
+    """Each attention head's width (None: --hidden-size / --num-attention-heads); llama."""
+    max_position_embeddings: Optional[int] = limit(None, ge=1, le=MAX_SEQUENCE)
+    """The longest sequence the model is built for (None: --seq-length); RoPE tables."""
     rotary_base: int = limit(10000, gt=0)
     """RoPE base."""
     init_method_std: float = limit(0.02, gt=0)
     """Std of the normal weight initialisation."""
     norm_epsilon: float = limit(1e-5, gt=0)
     """RMSNorm epsilon."""
+    apply_layernorm_1p: bool = False
+    """Megatron's zero-centred gamma: each norm stores gamma - 1 (initialised to 0), so weight
+    decay pulls gamma towards 1, not 0."""
+    attention_dropout: float = limit(0.0, ge=0, lt=1)
+    """Dropout on the attention probabilities (Megatron-LM's default 0.1; LLaMA trains with
+    0)."""
+    hidden_dropout: float = limit(0.0, ge=0, lt=1)
+    """Dropout on the residual branches (Megatron-LM's default 0.1; LLaMA trains with 0)."""
+    make_vocab_size_divisible_by: int = limit(128, ge=1)
+    """Pad the embedding's vocabulary to a multiple of this x TP, as Megatron-LM pads it (the
+    padded ids are never produced by the tokenizer)."""
     num_experts: Optional[int] = limit(None, ge=2, le=MAX_EXPERTS)
     """MoE: experts per layer (megatron-core MoE layers, local experts); None: dense SwiGLU."""
     moe_router_topk: int = limit(2, ge=1)
@@ -122,20 +141,51 @@ class TrainingConfig:
     """Sequences per micro-batch per data-parallel rank."""
     global_batch_size: int = limit(8, ge=1)
     """Sequences per optimizer step over all data-parallel ranks (gradient accumulation)."""
-    train_iters: int = limit(100, ge=1)
-    """Optimizer steps."""
+    train_iters: Optional[int] = limit(None, ge=1)
+    """Optimizer steps (default 100 unless --train-samples gives them)."""
+    train_samples: Optional[int] = limit(None, ge=1)
+    """Megatron's sample-based length: train on this many samples (train_iters = samples //
+    global batch), the LR schedule then counted in samples (--lr-*-samples)."""
     lr: float = limit(3e-3, ge=0)
     """Peak learning rate."""
     min_lr: float = limit(3e-4, ge=0)
-    """Learning rate at the end of cosine decay."""
-    lr_warmup_iters: int = limit(10, ge=0)
-    """Linear warm-up steps."""
+    """Learning rate at the end of the decay."""
+    lr_decay_style: str = limit("cosine", choices=LR_DECAY_STYLES)
+    """Megatron's LR decay after warm-up: constant, linear, cosine, inverse-square-root or WSD
+    (warm-up, stable, then decay over --lr-wsd-decay-iters). Our default cosine
+    (Megatron-LM's: linear)."""
+    lr_decay_iters: Optional[int] = limit(None, ge=1)
+    """Iterations to decay over (default: --train-iters)."""
+    lr_decay_samples: Optional[int] = limit(None, ge=1)
+    """Samples to decay over, with --train-samples (default: --train-samples)."""
+    lr_warmup_iters: int = limit(0, ge=0)
+    """Linear warm-up iterations."""
+    lr_warmup_samples: int = limit(0, ge=0)
+    """Linear warm-up samples, with --train-samples."""
+    lr_warmup_fraction: Optional[float] = limit(None, ge=0, le=1)
+    """Warm-up as a fraction of the decay length (instead of --lr-warmup-iters/-samples)."""
+    lr_warmup_init: float = limit(0.0, ge=0)
+    """The learning rate the warm-up starts from."""
+    lr_wsd_decay_style: str = limit("exponential", choices=WSD_DECAY_STYLES)
+    """WSD: the shape of its final decay (exponential, linear, cosine, minus_sqrt)."""
+    lr_wsd_decay_iters: Optional[int] = limit(None, ge=1)
+    """WSD: iterations of its final decay."""
+    lr_wsd_decay_samples: Optional[int] = limit(None, ge=1)
+    """WSD: samples of its final decay, with --train-samples."""
     weight_decay: float = limit(0.1, ge=0)
     """AdamW decoupled weight decay."""
+    start_weight_decay: Optional[float] = limit(None, ge=0)
+    """Weight decay at the start (default --weight-decay), with --weight-decay-incr-style."""
+    end_weight_decay: Optional[float] = limit(None, ge=0)
+    """Weight decay at the end (default --weight-decay)."""
+    weight_decay_incr_style: str = limit("constant", choices=("constant", "linear", "cosine"))
+    """How weight decay goes from --start-weight-decay to --end-weight-decay."""
     adam_beta1: float = limit(0.9, ge=0, lt=1)
     """AdamW beta1."""
     adam_beta2: float = limit(0.95, ge=0, lt=1)
     """AdamW beta2."""
+    adam_eps: float = limit(1e-8, gt=0)
+    """AdamW epsilon."""
     clip_grad: float = limit(1.0, ge=0)
     """Clip the global gradient norm to this value (0 disables)."""
     bf16: bool = False
@@ -204,6 +254,17 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "training")
+        if self.train_samples is not None:
+            iters = self.train_samples // self.global_batch_size
+            if self.train_iters not in (None, iters):
+                raise ValueError("training.train_samples and train_iters are exclusive: give "
+                                 "one (Megatron-LM's rule)")
+            if iters < 1:
+                raise ValueError(f"training.train_samples {self.train_samples} is less than one "
+                                 f"global batch ({self.global_batch_size})")
+            self.train_iters = iters
+        elif self.train_iters is None:
+            self.train_iters = DEFAULT_TRAIN_ITERS
 
 
 @dataclass

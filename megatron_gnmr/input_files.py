@@ -30,12 +30,17 @@ def writable_directory(flag: str, path: str) -> None:
 
 
 def check_data(data) -> None:
-    """--data-path, --tokenizer-model and --data-cache-dir."""
+    """The data flags (blends, per-split paths, mock data), the tokenizer and
+    --data-cache-dir: every prefix sound and within the tokenizer's vocabulary."""
+    from megatron_gnmr.data.sources import check_prefixes, plan_from
+
     writable_directory("--data-cache-dir", data.data_cache_dir)
-    if data.data_path is None:
-        if data.tokenizer_model is not None:
-            raise UserError("--tokenizer-model goes with --data-path (a prepared corpus brings "
-                            "its own tokenizer; --tokenizer-corpus picks another corpus's)")
+    plan = plan_from(data)
+    if plan is None:
+        if data.tokenizer_model is not None or data.tokenizer_type is not None:
+            raise UserError("--tokenizer-model / --tokenizer-type go with --data-path (a "
+                            "prepared corpus brings its own tokenizer; --tokenizer-corpus "
+                            "picks another corpus's)")
         from megatron_gnmr.data.prepare import check_corpora
 
         check_corpora(data.corpus, data.tokenizer_corpus)
@@ -47,13 +52,14 @@ def check_data(data) -> None:
     if data.tokenizer_corpus is not None or data.corpus != type(data)().corpus:
         raise UserError("--corpus and --tokenizer-corpus pick a prepared corpus; with "
                         "--data-path the data is yours (give its --tokenizer-model instead)")
-    from megatron_gnmr.data.indexed import check_indexed_dataset, check_token_range
-    from megatron_gnmr.data.tokenizer import Tokenizer
+    from megatron_gnmr.data.datasets import run_tokenizer
 
-    check_indexed_dataset(data.data_path)
-    model = data.tokenizer_model or str(Path(data.data_path).parent / "tokenizer.model")
-    tokenizer = Tokenizer(model, flag="--tokenizer-model")
-    check_token_range(data.data_path, tokenizer.vocab_size)
+    tokenizer = run_tokenizer(data, plan) if plan.flag != "--mock-data" or data.tokenizer_type \
+        else None
+    if tokenizer is None:
+        raise UserError("--mock-data needs a tokenizer for its vocabulary: --tokenizer-type "
+                        "NullTokenizer --vocab-size N (Megatron-LM's mock setup)")
+    check_prefixes(plan, tokenizer.vocab_size)
 
 
 def check_load(load: str | None) -> None:

@@ -46,12 +46,13 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
         bf16=t.bf16,
         normalization="RMSNorm",
         layernorm_epsilon=m.norm_epsilon,
+        layernorm_zero_centered_gamma=m.apply_layernorm_1p,
         gated_linear_unit=True,  # SwiGLU = SiLU-gated linear unit
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,
         # On the CPU, full weights are drawn and then split, so every TP layout starts
         # identical; on a GPU each rank draws its shard on the device (megatron's default,
@@ -138,7 +139,7 @@ def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: i
         config=tconfig,
         transformer_layer_spec=megatron_compat.decoder_block_spec(layer_specs(config), tconfig),
         vocab_size=vocab_size,
-        max_sequence_length=config.model.seq_length,
+        max_sequence_length=config.model.max_position_embeddings or config.model.seq_length,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=False,
@@ -152,10 +153,20 @@ def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: i
     return model
 
 
+def padded_vocab_size(vocab_size: int, config: RunConfig) -> int:
+    """The embedding's rows for a tokenizer of `vocab_size` ids, padded as Megatron-LM pads
+    them: to a multiple of --make-vocab-size-divisible-by x TP."""
+    multiple = config.model.make_vocab_size_divisible_by * \
+        config.parallel.tensor_model_parallel_size
+    return -(-vocab_size // multiple) * multiple
+
+
 def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
-    """This rank's model chunks (one: no virtual pipeline), ready for megatron's schedules."""
+    """This rank's model chunks (one: no virtual pipeline), ready for megatron's schedules.
+    `vocab_size`: the tokenizer's (padded here)."""
     tconfig = transformer_config(config)
-    model: torch.nn.Module = build_gpt_model(config, tconfig, vocab_size)
+    model: torch.nn.Module = build_gpt_model(config, tconfig,
+                                             padded_vocab_size(vocab_size, config))
     if config.lora.enabled:  # before DDP: its buffers hold the trainable parameters only
         add_lora(model, config, tconfig)
     # On the run's device before megatron's wrappers (as megatron's own `get_model` does):

@@ -128,12 +128,9 @@ def _validate_attention_backend(config: RunConfig) -> None:
 
 
 def validate_schedule(config: RunConfig) -> None:
-    t = config.training
-    if t.lr_warmup_iters >= t.train_iters:
-        raise UserError(f"--lr-warmup-iters {t.lr_warmup_iters} must be below --train-iters "
-                        f"{t.train_iters}")
-    if t.min_lr > t.lr:
-        raise UserError(f"--min-lr {t.min_lr} must not exceed --lr {t.lr}")
+    from megatron_gnmr.training.lr_schedule import check_schedule
+
+    check_schedule(config.training)
     parse_split(config.data.split)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from megatron_gnmr.data.prepare import prepare_data
-from megatron_gnmr.data.tokenizer import Tokenizer
+from megatron_gnmr.data.tokenizers import GPTSentencePiece
 from megatron_gnmr.errors import UserError
 from tests.helpers import REPO
 
@@ -32,7 +32,7 @@ def user_corpus(tmp_path_factory):
 
 def test_round_trip_is_exact(user_corpus):
     _, prepared = user_corpus
-    tokenizer = Tokenizer(prepared.tokenizer_model)
+    tokenizer = GPTSentencePiece(prepared.tokenizer_model)
     for text in ["  To be,\n\n  or not   to be: \u00e9 \u2603 \u6f22\u5b57\t!\n", "",
                  "\n\n\n", "x" * 1000, "emoji \U0001f600 and \x00 control"]:
         assert tokenizer.decode(tokenizer.encode(text)) == text
@@ -42,7 +42,7 @@ def test_indexed_documents_decode_to_the_input(user_corpus):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     root, prepared = user_corpus
-    tokenizer = Tokenizer(prepared.tokenizer_model)
+    tokenizer = GPTSentencePiece(prepared.tokenizer_model)
     dataset = IndexedDataset(prepared.prefix)
     text = "".join(tokenizer.decode(list(dataset[i][:-1])) for i in range(len(dataset)))
     expected = (root / "a.txt").read_text() + "".join(
@@ -81,7 +81,7 @@ def test_a_corpus_is_encoded_in_another_corpus_tokenizer(tmp_path):
                             quiet=True, tokenizer_corpus="shakespeare")
     assert borrowed.directory.name.endswith("-tok-shakespeare-v4096")
     assert borrowed.tokenizer_model.read_bytes() == shakespeare.tokenizer_model.read_bytes()
-    tokenizer = Tokenizer(shakespeare.tokenizer_model)
+    tokenizer = GPTSentencePiece(shakespeare.tokenizer_model)
     assert borrowed.meta["tokens"] == len(tokenizer.encode(text)) + 1  # + end of document
     with pytest.raises(UserError, match="--tokenizer-corpus 'bible'"):
         prepare_data(str(CACHE), 4096, quiet=True, tokenizer_corpus="bible")

@@ -25,63 +25,109 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
 from megatron_gnmr.data.config import DataConfig
 from megatron_gnmr.data.prepare import exclusive_lock, prepare_data
-from megatron_gnmr.data.tokenizer import Tokenizer
+from megatron_gnmr.data.sources import DataPlan, plan_from
+from megatron_gnmr.data.tokenizers import GPTSentencePiece, TextTokenizer, build_tokenizer
 from megatron_gnmr.errors import UserError
 
 
 @dataclass
 class DataSource:
-    prefix: str
-    tokenizer: Tokenizer
+    plan: DataPlan | None  # None: the prepared corpus at `prefix`
+    prefix: str | None
+    tokenizer: TextTokenizer
     unigram_entropy: float | None  # nats, when known from prepare-data
+
+    @property
+    def blend(self):
+        return ([self.prefix], None) if self.plan is None else self.plan.blend
+
+    def fingerprint(self) -> str:
+        """What a resume checks it reads the same data by (each file's counts and size)."""
+        from megatron_gnmr.data.indexed import dataset_fingerprint
+
+        if self.plan is None or len(self.plan.prefixes) == 1:
+            return dataset_fingerprint(self.prefix or self.plan.prefixes[0])
+        if not self.plan.prefixes:
+            return f"mock data, vocabulary {self.tokenizer.vocab_size}"
+        return "; ".join(f"{Path(p).name}: {dataset_fingerprint(p)}"
+                         for p in self.plan.prefixes)
+
+    @property
+    def description(self) -> str:
+        """What a resume compares: the prefixes read (their files' fingerprints elsewhere)."""
+        if self.plan is None:
+            return self.prefix
+        return " ".join(self.plan.prefixes) or "mock"
 
 
 def prepare_default_data(data: DataConfig) -> None:
     """Without --data-path: fetch and prepare --corpus (cached). Run by one rank
     while the others wait (it writes the shared cache)."""
-    if data.data_path is None:
+    if plan_from(data) is None:
         prepare_data(data.data_cache_dir, data.vocab_size, quiet=False, corpus=data.corpus,
                      tokenizer_corpus=data.tokenizer_corpus)
 
 
+def run_tokenizer(data: DataConfig, plan: DataPlan | None) -> TextTokenizer:
+    """The tokenizer the flags name (our SentencePiece model beside the first prefix when a
+    blend gives no --tokenizer-model)."""
+    model = data.tokenizer_model
+    if model is None and plan is not None and plan.prefixes and data.tokenizer_type in (
+            None, "GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer"):
+        model = str(Path(plan.prefixes[0]).parent / "tokenizer.model")
+    return build_tokenizer(data.tokenizer_type, model, data.vocab_file, data.merge_file,
+                           data.vocab_size)
+
+
 def resolve_data(data: DataConfig) -> DataSource:
-    """The data prefix and tokenizer for this run (after `prepare_default_data`)."""
-    if data.data_path is None:
+    """The data and tokenizer for this run (after `prepare_default_data`)."""
+    plan = plan_from(data)
+    if plan is None:
         prepared = prepare_data(data.data_cache_dir, data.vocab_size, quiet=True,
                                 corpus=data.corpus, tokenizer_corpus=data.tokenizer_corpus)
-        return DataSource(prepared.prefix, Tokenizer(prepared.tokenizer_model),
+        return DataSource(None, prepared.prefix, GPTSentencePiece(prepared.tokenizer_model),
                           prepared.meta["unigram_entropy_nats"])
     # The files were checked before the launch (`input_files.check_data`).
-    model_path = data.tokenizer_model or str(Path(data.data_path).parent / "tokenizer.model")
-    return DataSource(data.data_path, Tokenizer(model_path, flag="--tokenizer-model"), None)
+    return DataSource(plan, None, run_tokenizer(data, plan), None)
 
 
 def build_datasets(data: DataConfig, source: DataSource, sequence_length: int, seed: int,
                    train_samples: int, valid_samples: int):
-    """(train, valid) GPTDatasets with at least the given numbers of samples."""
-    cache = private_index_cache(data.data_cache_dir)
+    """(train, valid) datasets with at least the given numbers of samples, built by
+    megatron-core's BlendedMegatronDatasetBuilder (GPTDataset, or MockGPTDataset with
+    --mock-data)."""
+    from megatron.core.datasets.gpt_dataset import MockGPTDataset
+
+    cache = private_index_cache(data.data_cache_dir, data.data_cache_path)
+    mock = source.plan is not None and source.plan.blend is None and \
+        source.plan.blend_per_split is None
     dataset_config = GPTDatasetConfig(
         random_seed=seed,
         sequence_length=sequence_length,
-        blend=([source.prefix], None),
-        split=data.split,
+        blend=None if mock else source.blend,
+        blend_per_split=None if source.plan is None else source.plan.blend_per_split,
+        split=data.split if source.plan is None or source.plan.blend is not None or mock
+        else None,
         tokenizer=source.tokenizer,
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
         path_to_cache=str(cache),
-        mmap_bin_files=True,
+        mmap_bin_files=data.mmap_bin_files,
     )
-    check_split_has_samples(data.split, source.prefix, sequence_length)
+    if source.plan is None or source.plan.blend is not None and len(source.blend[0]) == 1:
+        check_split_has_samples(data.split, source.blend[0][0], sequence_length)
     try:
         with building_alone(cache):
             train, valid, _ = BlendedMegatronDatasetBuilder(
-                GPTDataset, [train_samples, valid_samples, 0], lambda: True, dataset_config
+                MockGPTDataset if mock else GPTDataset, [train_samples, valid_samples, 0],
+                lambda: True, dataset_config
             ).build()
     except (AssertionError, ValueError, IndexError) as error:
-        raise UserError(f"--data-path {source.prefix}: cannot build train/valid datasets "
-                        f"with --split {data.split} ({error})") from None
+        raise UserError(f"{source.plan.flag if source.plan else '--data-path'} "
+                        f"{source.description}: cannot build train/valid datasets with "
+                        f"--split {data.split} ({error})") from None
     if train is None or valid is None:
         raise UserError(f"--split {data.split}: needs non-zero train and valid weights")
     return train, valid
@@ -111,7 +157,7 @@ def check_split_has_samples(split: str, prefix: str, sequence_length: int) -> No
                             f"({sequence_length + 1} tokens); give it a larger weight")
 
 
-def private_index_cache(data_cache_dir: str) -> Path:
+def private_index_cache(data_cache_dir: str, data_cache_path: str | None = None) -> Path:
     """Where megatron caches its dataset indices, checked before megatron reads them.
 
     megatron-core keeps them beside the data by default and reads them with
@@ -121,18 +167,20 @@ def private_index_cache(data_cache_dir: str) -> Path:
     or others may write it, and every cached array must be a plain numeric .npy (an object
     array, the only kind that unpickles, is deleted and rebuilt).
     """
-    cache = Path(data_cache_dir) / "index-cache"
+    cache = Path(data_cache_path) if data_cache_path else Path(data_cache_dir) / "index-cache"
+    flag = "--data-cache-path" if data_cache_path else "--data-cache-dir"
+    data_cache_dir = data_cache_path or data_cache_dir
     try:
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as error:
-        raise UserError(f"--data-cache-dir {data_cache_dir}: cannot create {cache} "
+        raise UserError(f"{flag} {data_cache_dir}: cannot create {cache} "
                         f"({error.strerror}); choose a writable directory") from None
     status = cache.stat()
     if status.st_uid != os.getuid() or status.st_mode & 0o022:
-        raise UserError(f"--data-cache-dir {data_cache_dir}: {cache} is not private (owned by "
+        raise UserError(f"{flag} {data_cache_dir}: {cache} is not private (owned by "
                         f"uid {status.st_uid}, mode {oct(status.st_mode & 0o777)}); megatron "
                         "loads its index files with pickle enabled, so it must be yours alone "
-                        "(chmod 700, or choose another --data-cache-dir)")
+                        f"(chmod 700, or choose another {flag})")
     for array in cache.glob("*.npy"):
         if not _plain_npy(array):
             array.unlink()

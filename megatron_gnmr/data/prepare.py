@@ -28,7 +28,8 @@ from tqdm import tqdm
 from megatron_gnmr.data.austen import austen_documents
 from megatron_gnmr.data.corpus import shakespeare_documents, user_documents
 from megatron_gnmr.data.indexed import write_indexed_dataset
-from megatron_gnmr.data.tokenizer import Tokenizer, train_tokenizer
+from megatron_gnmr.data.tokenizer import train_tokenizer
+from megatron_gnmr.data.tokenizers import GPTSentencePiece
 from megatron_gnmr.errors import UserError
 
 LINES_PER_DOCUMENT = 120  # a scene-sized chunk, so the valid split is not two whole plays
@@ -138,7 +139,7 @@ def _prepare(prepared: PreparedData, cache_dir: str, vocab_size: int, inputs, qu
     else:
         say(f"prepare-data: training a BPE tokenizer, vocab {vocab_size}")
         train_tokenizer(documents, prepared.tokenizer_model, vocab_size)
-    tokenizer = Tokenizer(prepared.tokenizer_model)
+    tokenizer = GPTSentencePiece(prepared.tokenizer_model)
 
     counts: Counter[int] = Counter()
 
@@ -175,19 +176,51 @@ def _entropy(counts: Counter) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from megatron_gnmr.data import preprocess
+
     parser.add_argument("--data-cache-dir", default=".cache/megatron_gnmr",
                         help="where corpora, tokenizer and .bin/.idx are cached")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size")
+    parser.add_argument("--vocab-size", type=int, default=4096,
+                        help="BPE vocabulary size (with NullTokenizer: its vocabulary)")
     parser.add_argument("--input", nargs="+", metavar="FILE",
                         help="your own .txt / .jsonl files instead of a registry corpus")
     parser.add_argument("--corpus", default="shakespeare", choices=sorted(CORPORA),
                         help="the registry corpus to prepare (without --input)")
     parser.add_argument("--tokenizer-corpus", default=None, choices=sorted(CORPORA),
                         help="encode with this corpus's tokenizer (a fine-tune's base's)")
+    preprocess.add_arguments(parser)
+    parser.add_argument("--tokenizer-type", default=None, help="with --output-prefix: "
+                        "Megatron-LM's tokenizer (data/tokenizers.py)")
+    parser.add_argument("--tokenizer-model", default=None, help="with --output-prefix: a "
+                        "SentencePiece .model, or a Hugging Face tokenizer directory / .json")
+    parser.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer's vocab.json")
+    parser.add_argument("--merge-file", default=None, help="GPT2BPETokenizer's merges.txt")
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.output_prefix is not None:
+        _run_megatron_preprocess(args)
+        return
+    if args.tokenizer_type or args.tokenizer_model:
+        raise UserError("--tokenizer-type / --tokenizer-model go with --output-prefix (Megatron-LM"
+                        "'s preprocessing); without it prepare-data trains its own tokenizer")
     prepared = prepare_data(args.data_cache_dir, args.vocab_size, args.input,
                             corpus=args.corpus, tokenizer_corpus=args.tokenizer_corpus)
     print(json.dumps({"data_path": prepared.prefix,
                       "tokenizer_model": str(prepared.tokenizer_model), **prepared.meta}))
+
+
+def _run_megatron_preprocess(args: argparse.Namespace) -> None:
+    from megatron_gnmr.data.preprocess import preprocess
+
+    if not args.input:
+        raise UserError("--output-prefix needs --input FILE [FILE ...] (.jsonl, .jsonl.gz, .txt)")
+    if args.tokenizer_type is None:
+        raise UserError("--output-prefix needs --tokenizer-type (and its files), the tokenizer "
+                        "training will read the data with")
+    tokenizer = {"tokenizer_type": args.tokenizer_type, "tokenizer_model": args.tokenizer_model,
+                 "vocab_file": args.vocab_file, "merge_file": args.merge_file,
+                 "vocab_size": args.vocab_size}
+    result = preprocess(args.input, args.output_prefix, tokenizer, args.json_keys,
+                        args.append_eod, args.workers)
+    print(json.dumps(result))

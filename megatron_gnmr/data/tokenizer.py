@@ -4,8 +4,8 @@ SentencePiece's defaults normalise text (NFKC, collapsed spaces, dropped newline
 ruins verse and code; `identity` normalisation, kept whitespace, a `\n` symbol and byte
 fallback make `decode(encode(text)) == text` for any UTF-8 input.
 
-`Tokenizer` exposes what megatron-core's GPTDataset reads from a tokenizer (`vocab_size`,
-`eod`, `pad`, `unique_identifiers`) without depending on megatron's tokenizer registry.
+The trained model is read as Megatron-LM's GPTSentencePieceTokenizer reads one
+(`data/tokenizers.py`: eod = its eos, pad = its pad).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Iterable
 
 import sentencepiece
 
-from megatron_gnmr.errors import UserError
 
 # Special ids: unk 0, bos 1, eos (= end of document) 2, pad 3.
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
@@ -47,30 +46,3 @@ def _lines(documents: Iterable[str]):
         for line in document.splitlines(keepends=True):
             if line.strip():
                 yield line[:4096]
-
-
-class Tokenizer:
-    """A trained SentencePiece model, in the shape megatron-core's datasets expect."""
-
-    def __init__(self, model_path: str | Path, flag: str = "tokenizer model"):
-        path = Path(model_path)
-        if not path.is_file():
-            raise UserError(f"{flag} {path}: no such file (run `megatron-gnmr prepare-data`, "
-                            "or pass --tokenizer-model)")
-        self.model_path = path
-        try:
-            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
-        except (RuntimeError, OSError) as error:
-            raise UserError(f"{flag} {path}: not a SentencePiece model "
-                            f"({str(error).splitlines()[0][:120]})") from None
-        self.vocab_size = self._sp.get_piece_size()
-        self.eod = self.eos = EOS_ID
-        self.pad = PAD_ID
-        self.unique_identifiers = {"class": "SentencePieceBPE", "model": path.name,
-                                   "vocab_size": self.vocab_size}
-
-    def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        return self._sp.decode(ids)

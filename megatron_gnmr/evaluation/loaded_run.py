@@ -52,8 +52,10 @@ class LoadedRun:
         for start in range(0, len(rows), BATCH):
             batch = rows[start: start + BATCH]
             width = max(len(r) for r in batch) - 1
-            tokens = torch.full((len(batch), width), self.data.tokenizer.pad, dtype=torch.long)
-            labels = torch.full_like(tokens, self.data.tokenizer.pad)
+            filler = self.data.tokenizer.pad if self.data.tokenizer.pad >= 0 else \
+                self.data.tokenizer.eod  # a tokenizer without a pad id (-1): any real id
+            tokens = torch.full((len(batch), width), filler, dtype=torch.long)
+            labels = torch.full_like(tokens, filler)
             for i, row in enumerate(batch):
                 tokens[i, : len(row) - 1] = torch.tensor(row[:-1])
                 labels[i, : len(row) - 1] = torch.tensor(row[1:])

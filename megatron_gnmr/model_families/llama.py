@@ -24,30 +24,35 @@ QKV, PROJ = "linear_qkv", "linear_proj"
 ATTENTION_LINEARS = (QKV, PROJ)
 
 
+def head_dim(model) -> int:
+    """Each head's width: --kv-channels, else d_model / heads (Megatron-LM's rule)."""
+    return model.kv_channels or model.hidden_size // model.num_attention_heads
+
+
 class Llama:
     name = "llama"
 
     def attention_linears(self, config) -> tuple[UnitLinear, ...]:
         m = config.model
-        d_head = m.hidden_size // m.num_attention_heads
+        d_head = head_dim(m)
         groups = m.num_query_groups or m.num_attention_heads
         return (UnitLinear(QKV, "column", m.hidden_size,
                            (m.num_attention_heads + 2 * groups) * d_head),
                 UnitLinear(PROJ, "row", m.num_attention_heads * d_head, m.hidden_size))
 
     def head_widths(self, config) -> tuple[int, int]:
-        d_head = config.model.hidden_size // config.model.num_attention_heads
+        d_head = head_dim(config.model)
         return d_head, d_head
 
     def check(self, config) -> None:
         m, tp = config.model, config.parallel.tensor_model_parallel_size
-        if m.hidden_size % m.num_attention_heads:
+        if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
             raise UserError(f"--hidden-size {m.hidden_size} must be divisible by "
-                            f"--num-attention-heads {m.num_attention_heads}")
-        if (m.hidden_size // m.num_attention_heads) % 2:
-            raise UserError(f"--hidden-size {m.hidden_size} / --num-attention-heads "
-                            f"{m.num_attention_heads} = head dimension "
-                            f"{m.hidden_size // m.num_attention_heads}: RoPE needs an even one")
+                            f"--num-attention-heads {m.num_attention_heads} (or give the head "
+                            "width with --kv-channels)")
+        if head_dim(m) % 2:
+            raise UserError(f"head dimension {head_dim(m)} (--kv-channels, else --hidden-size / "
+                            "--num-attention-heads): RoPE needs an even one")
         groups = m.num_query_groups or m.num_attention_heads
         if m.num_attention_heads % groups:
             raise UserError(f"--num-attention-heads {m.num_attention_heads} must be divisible "
@@ -63,7 +68,7 @@ class Llama:
 
         m = config.model
         return TransformerConfig, {"num_query_groups": m.num_query_groups or m.num_attention_heads,
-                                   "kv_channels": m.hidden_size // m.num_attention_heads}
+                                   "kv_channels": head_dim(m)}
 
     def local_layer_spec(self, config, num_experts: int | None):
         return megatron_compat.local_layer_spec(num_experts)

@@ -156,9 +156,31 @@ class TorchRMSNorm:
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **unused):
         import torch
 
-        norm = torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+        kind = zero_centered_rms_norm() if config.layernorm_zero_centered_gamma \
+            else torch.nn.RMSNorm
+        norm = kind(normalized_shape=hidden_size, eps=eps)
         norm.weight.sequence_parallel = config.sequence_parallel
         return norm
+
+
+@functools.lru_cache(maxsize=None)
+def zero_centered_rms_norm() -> type:
+    """The class (built on first use: this module imports no torch at import time)."""
+    import torch
+
+    class ZeroCenteredRMSNorm(torch.nn.RMSNorm):
+        """RMSNorm whose weight holds gamma - 1 (Megatron's --apply-layernorm-1p, as TE's
+        and apex's norms store it): initialised to 0, applied as weight + 1."""
+
+        def reset_parameters(self) -> None:
+            if self.elementwise_affine:
+                torch.nn.init.zeros_(self.weight)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.rms_norm(x, self.normalized_shape, self.weight + 1,
+                                                self.eps)
+
+    return ZeroCenteredRMSNorm
 
 
 def te_layer_spec(num_experts: int | None, **family_keywords):

@@ -28,7 +28,6 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_gnmr.config import RunConfig
@@ -40,6 +39,7 @@ from megatron_gnmr.data.datasets import (
     prepare_default_data,
     resolve_data,
 )
+from megatron_gnmr.data.mixture import mixture
 from megatron_gnmr.errors import RunAborted
 from megatron_gnmr.lora.adapters import lora_units
 from megatron_gnmr.model_families import family_of
@@ -62,6 +62,7 @@ from megatron_gnmr.training import checkpoint, run_directory
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.faults import NO_FAULTS, FaultHooks
+from megatron_gnmr.training.lr_schedule import build_scheduler
 from megatron_gnmr.training.finetune import load_base_weights
 from megatron_gnmr.training.memory_estimate import GIB
 from megatron_gnmr.training.memory_estimate import estimate as estimate_memory
@@ -93,19 +94,13 @@ def build_optimizer(config: RunConfig, model_chunks, clip_in_megatron: bool):
     t = config.training
     optimizer_config = OptimizerConfig(
         optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
-        adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=1e-8,
+        adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
         clip_grad=t.clip_grad if clip_in_megatron else 0.0,
         bf16=t.bf16, params_dtype=torch.bfloat16 if t.bf16 else torch.float32,
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(optimizer_config, model_chunks)
-    scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=t.lr, min_lr=t.min_lr,
-        lr_warmup_steps=t.lr_warmup_iters, lr_decay_steps=t.train_iters,
-        lr_decay_style="cosine", start_wd=t.weight_decay, end_wd=t.weight_decay,
-        wd_incr_steps=t.train_iters, wd_incr_style="constant",
-    )
-    return optimizer, scheduler
+    return optimizer, build_scheduler(t, optimizer)
 
 
 def _reduce_loss(losses: list[dict]) -> float:
@@ -138,6 +133,8 @@ class Trainer:
             config.data, self.data, config.model.seq_length, t.seed,
             train_samples=t.train_iters * t.global_batch_size,
             valid_samples=max(self.eval_iters, 1) * t.global_batch_size)
+        self.mixture = mixture(train, t.train_iters * t.global_batch_size) \
+            if self.data.plan is not None else []
         self.train_reader = BatchReader(train, t.micro_batch_size, t.global_batch_size)
         self.valid_reader = BatchReader(valid, t.micro_batch_size, t.global_batch_size)
         self.state = RunState()
@@ -224,7 +221,7 @@ class Trainer:
         outcome = self.controller.after_backward(step + 1, self.optimizer, loss)
         applied = outcome.apply and self.optimizer.step_with_ready_grads()
         if applied:  # as megatron: a skipped update does not advance the LR schedule
-            self.scheduler.step(increment=1)
+            self.scheduler.step(increment=self.config.training.global_batch_size)
             self.overlap.after_update()
         if outcome.nonfinite:
             self._nonfinite(step + 1, outcome.nonfinite)
@@ -357,6 +354,8 @@ class Trainer:
             "layout": memory.note, **{f"{name}_GiB": round(getattr(memory, name) / GIB, 2)
                                       for name in ("weights", "gradients", "optimizer",
                                                    "activations", "total")}})
+        if len(self.mixture) > 1:
+            self.logger.event(self.state.step, "data_mixture", {"datasets": self.mixture})
         params = count_parameters(self.model)
         self.logger.event(self.state.step, "start", {
             "parameters_on_rank0": params,

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from megatron_gnmr.data.indexed import dataset_fingerprint
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.platform import device_audit
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.finetune import adapter_state, load_adapters
+from megatron_gnmr.training.lr_schedule import upgrade_state as upgrade_scheduler_state
 from megatron_gnmr.training.optimizer_state import load_optimizer_state, optimizer_state
 from megatron_gnmr.training.resume_contract import check_resume, resume_settings
 
@@ -44,7 +44,7 @@ class RunCheckpoints:
 
     def settings(self) -> dict:
         trainer = self.trainer
-        settings = resume_settings(trainer.config, dataset_fingerprint(trainer.data.prefix),
+        settings = resume_settings(trainer.config, trainer.data.fingerprint(),
                                    trainer.data.tokenizer.vocab_size,
                                    torch.distributed.get_world_size())
         if trainer.base is not None:
@@ -117,7 +117,9 @@ class RunCheckpoints:
                 else:
                     load_model_state(chunk, state)
             load_optimizer_state(trainer.optimizer, shard["optimizer"])
-            trainer.scheduler.load_state_dict(shard["scheduler"])
+            trainer.scheduler.load_state_dict(upgrade_scheduler_state(
+                shard["scheduler"], shard["run_state"]["step"],
+                trainer.config.training.global_batch_size))
             trainer.state.load_state_dict(shard["run_state"])
             trainer.controller.load_state_dict(shard["controller"])
             trainer.monitors.load_state_dict(shard["monitors"])

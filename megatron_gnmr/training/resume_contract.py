@@ -26,8 +26,12 @@ CONTRACT = {
     # The layout of saved state; sequence parallelism, overlap and recompute change none.
     "parallel": ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                  "expert_model_parallel_size", "use_distributed_optimizer"),
-    "training": ("bf16", "seed", "global_batch_size", "train_iters", "lr", "min_lr",
-                 "lr_warmup_iters", "weight_decay", "finetune"),
+    "training": ("bf16", "seed", "global_batch_size", "train_iters", "train_samples", "lr",
+                 "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
+                 "lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction", "lr_warmup_init",
+                 "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples",
+                 "weight_decay", "start_weight_decay", "end_weight_decay",
+                 "weight_decay_incr_style", "finetune"),
     "data": ("split",),
 }
 WHEN_ON = {  # checked only when the component is on in both runs (its on-switch always is)
