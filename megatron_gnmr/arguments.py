@@ -148,8 +148,16 @@ def _load_yaml(path: str) -> dict[str, dict]:
 
 
 def parse_config(argv: list[str] | None = None) -> RunConfig:
-    """Parse flags (and the YAML they name) into a validated RunConfig."""
-    namespace = vars(build_parser().parse_args(argv))
+    """Parse flags (ours and Megatron-LM's, `interop/megatron_flags.py`; and the YAML they
+    name) into a validated RunConfig."""
+    import sys
+
+    from megatron_gnmr.interop.megatron_flags import check_family, translate
+
+    parser = build_parser()
+    ours = frozenset(name for action in parser._actions for name in action.option_strings)
+    translation = translate(list(sys.argv[1:] if argv is None else argv), ours)
+    namespace = vars(parser.parse_args(translation.argv))
     values = _load_yaml(namespace.pop("config")) if namespace.get("config") else {}
     namespace.pop("config", None)
     for dest, value in namespace.items():
@@ -161,7 +169,9 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
             sections[section] = cls(**values.get(section, {}))
         except ValueError as error:
             raise UserError(_name_the_flag(str(error))) from None
-    return RunConfig(**sections)
+    config = RunConfig(**sections)
+    check_family(translation, config.model.model_family)
+    return config
 
 
 def _name_the_flag(message: str) -> str:

@@ -26,6 +26,7 @@ from megatron_gnmr.limits import check_limits, limit
 from megatron_gnmr.lora.config import LoRAConfig
 from megatron_gnmr.monitors.config import MonitorConfig
 from megatron_gnmr.observe.config import LoggingConfig
+from megatron_gnmr.platform.housekeeping import HousekeepingConfig
 from megatron_gnmr.precision.config import PrecisionConfig
 
 
@@ -118,8 +119,9 @@ class ParallelConfig:
     """EP degree for MoE: experts split across data-parallel ranks."""
     sequence_parallel: bool = False
     """Split the sequence of the norm and residual regions across the TP ranks (activation
-    memory / TP; needs TP > 1; megatron requires it for MoE with TP). --gnmr: unchanged (norm
-    gradients are TP-reduced before the controller reads them)."""
+    memory / TP; off at TP = 1, as Megatron-LM turns it off; megatron requires it for MoE with
+    TP). --gnmr: unchanged (norm gradients are TP-reduced before the controller reads
+    them)."""
     use_distributed_optimizer: bool = False
     """Shard the optimizer state and main weights over data-parallel ranks (ZeRO-1).
     --gnmr: each rank holds a shard of every gradient, so the per-unit norms sum shards over
@@ -133,6 +135,8 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "parallel")
+        if self.tensor_model_parallel_size == 1:
+            self.sequence_parallel = False  # Megatron-LM's rule: nothing to split over
 
 
 @dataclass
@@ -186,6 +190,20 @@ class TrainingConfig:
     """AdamW beta2."""
     adam_eps: float = limit(1e-8, gt=0)
     """AdamW epsilon."""
+    decoupled_lr: Optional[float] = limit(None, ge=0)
+    """The input and output embeddings' own peak learning rate (megatron-core's optimizer)."""
+    decoupled_min_lr: Optional[float] = limit(None, ge=0)
+    """... and their own final learning rate."""
+    grad_reduce_in_bf16: bool = False
+    """Reduce gradients over data-parallel ranks in bf16 (default: fp32)."""
+    cross_entropy_loss_fusion: bool = False
+    """megatron-core's fused cross entropy (its `native` implementation)."""
+    calculate_per_token_loss: bool = False
+    """Average the loss over every token of the step (megatron-core scales the gradients by
+    the step's token count) rather than per micro-batch."""
+    exit_duration_in_mins: Optional[float] = limit(None, gt=0)
+    """Checkpoint and exit (status 0) at the end of the first step after the run has lasted
+    this many minutes (a scheduler's time limit)."""
     clip_grad: float = limit(1.0, ge=0)
     """Clip the global gradient norm to this value (0 disables)."""
     bf16: bool = False
@@ -265,6 +283,10 @@ class TrainingConfig:
             self.train_iters = iters
         elif self.train_iters is None:
             self.train_iters = DEFAULT_TRAIN_ITERS
+        if self.load is not None and self.save is not None and not self.finetune and \
+                os.path.realpath(self.load) == os.path.realpath(self.save):
+            # Megatron-LM's --save X --load X: resume from X when it holds a checkpoint
+            self.load, self.resume = None, "auto"
 
 
 @dataclass
@@ -279,6 +301,7 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     gnmr: GNMRRunConfig = field(default_factory=GNMRRunConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

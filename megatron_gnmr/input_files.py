@@ -37,10 +37,15 @@ def check_data(data) -> None:
     writable_directory("--data-cache-dir", data.data_cache_dir)
     plan = plan_from(data)
     if plan is None:
-        if data.tokenizer_model is not None or data.tokenizer_type is not None:
-            raise UserError("--tokenizer-model / --tokenizer-type go with --data-path (a "
-                            "prepared corpus brings its own tokenizer; --tokenizer-corpus "
-                            "picks another corpus's)")
+        given = [flag for flag, value in (("--tokenizer-model", data.tokenizer_model),
+                                          ("--tokenizer-type", data.tokenizer_type)) if value]
+        if given:
+            raise UserError(f"{' and '.join(given)} goes with --data-path (a prepared corpus "
+                            "brings its own tokenizer; --tokenizer-corpus picks another "
+                            "corpus's)")
+        if not 256 < data.vocab_size <= 65536:
+            raise UserError(f"--vocab-size {data.vocab_size}: the tokenizer prepare-data trains "
+                            "has 257 to 65536 tokens")
         from megatron_gnmr.data.prepare import check_corpora
 
         check_corpora(data.corpus, data.tokenizer_corpus)
@@ -53,7 +58,10 @@ def check_data(data) -> None:
         raise UserError("--corpus and --tokenizer-corpus pick a prepared corpus; with "
                         "--data-path the data is yours (give its --tokenizer-model instead)")
     from megatron_gnmr.data.datasets import run_tokenizer
+    from megatron_gnmr.data.indexed import check_indexed_dataset
 
+    for prefix in dict.fromkeys(plan.prefixes):  # the files first: a missing one is named
+        check_indexed_dataset(prefix, flag=plan.flag)
     tokenizer = run_tokenizer(data, plan) if plan.flag != "--mock-data" or data.tokenizer_type \
         else None
     if tokenizer is None:

@@ -31,7 +31,8 @@ def check_limits(instance, section: str) -> None:
     for spec in dataclasses.fields(instance):
         value = getattr(instance, spec.name)
         choices = spec.metadata.get("choices")
-        if choices is not None and value not in choices:
+        if choices is not None and value not in choices and \
+                not (value is None and spec.default is None):  # an unset optional word
             raise ValueError(f"{section}.{spec.name} must be one of "
                              f"{', '.join(map(str, choices))}, got {value!r}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -69,6 +69,9 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
         recompute_method=t.recompute_method,
         recompute_num_layers=t.recompute_num_layers,
         attention_backend=attention_backend(t),
+        cross_entropy_loss_fusion=t.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl="native",
+        calculate_per_token_loss=t.calculate_per_token_loss,
         **_moe_fields(config),
         **precision_backend(config.precision).megatron_fields(config.precision),
     )
@@ -77,6 +80,19 @@ def transformer_config(config: RunConfig) -> TransformerConfig:
 def attention_backend(training) -> AttnBackend:
     """megatron's attention backend (--use-flash-attn is its older spelling of flash)."""
     return AttnBackend.flash if training.use_flash_attn else AttnBackend[training.attention_backend]
+
+
+def attention_backend_note(config: RunConfig) -> str | None:
+    """A Transformer Engine kernel named for megatron-core's local layers: their own attention
+    runs, as Megatron-LM runs it with --transformer-impl local (said at start, not refused)."""
+    t = config.training
+    chosen = "flash" if t.use_flash_attn else t.attention_backend
+    if chosen in ("flash", "fused", "unfused") and \
+            not precision_backend(config.precision).transformer_engine_layers:
+        return (f"--attention-backend {chosen} names a Transformer Engine kernel; these layers "
+                "are megatron-core's local ones, whose own attention runs (as in Megatron-LM "
+                "with --transformer-impl local)")
+    return None
 
 
 def _moe_fields(config: RunConfig) -> dict:
@@ -176,7 +192,7 @@ def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
         model = Float16Module(tconfig, model)
     p = config.parallel
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        grad_reduce_in_fp32=not config.training.grad_reduce_in_bf16,
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather,
         use_distributed_optimizer=p.use_distributed_optimizer,

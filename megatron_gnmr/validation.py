@@ -66,9 +66,6 @@ def validate_layout(config: RunConfig, world_size: int) -> None:
 def validate_scale_features(config: RunConfig) -> None:
     """megatron's memory and overlap features: megatron's own rules, as one-line errors."""
     p, t = config.parallel, config.training
-    if p.sequence_parallel and p.tensor_model_parallel_size == 1:
-        raise UserError("--sequence-parallel splits the sequence over the tensor-parallel "
-                        "ranks: it needs --tensor-model-parallel-size > 1")
     if p.overlap_param_gather and not (p.use_distributed_optimizer and p.overlap_grad_reduce):
         raise UserError("--overlap-param-gather needs --use-distributed-optimizer and "
                         "--overlap-grad-reduce (megatron gathers the optimizer's weight shards)")
@@ -118,10 +115,6 @@ def _validate_attention_backend(config: RunConfig) -> None:
     chosen = "flash" if t.use_flash_attn else t.attention_backend
     uses_te = backend(config.precision).transformer_engine_layers
     flag = "--use-flash-attn" if t.use_flash_attn else f"--attention-backend {chosen}"
-    if chosen in ("flash", "fused", "unfused") and not uses_te:
-        raise UserError(f"{flag} selects a Transformer Engine attention "
-                        "kernel; this run's layers are megatron's local ones (TE layers come "
-                        "with --precision-recipe te-fp8); use auto or local")
     if chosen == "local" and uses_te:
         raise UserError("--attention-backend local is megatron's own attention, which the "
                         "Transformer Engine layers of --precision-recipe te-fp8 do not use")
@@ -190,6 +183,11 @@ def validate_precision(config: RunConfig) -> None:
         raise UserError(f"{flag} applies to --precision-recipe "
                         f"{' or '.join(users)} only; this run uses "
                         f"{precision.precision_recipe}, which would ignore it")
+    if precision.transformer_impl == "transformer_engine" and \
+            not backend(precision).transformer_engine_layers:
+        raise UserError(f"--transformer-impl transformer_engine builds Transformer Engine's "
+                        f"layers; --precision-recipe {precision.precision_recipe} runs "
+                        "megatron-core's local ones: drop one (te-fp8 is FP8 on TE's layers)")
     validate_attention_precision(config)
     validate_static_recovery(config)
     if precision.precision_config_file:

@@ -87,6 +87,19 @@ def files(tmp_path_factory):
     train_tokenizer(["to be or not to be, that is the question\n" * 50],
                     small_vocab / "tokenizer.model", 300)
     (root / "a_file").write_text("not a directory\n")
+    only_bin = root / "only_bin"
+    only_bin.mkdir()
+    shutil.copy(DATA / "text_document.bin", only_bin / "text_document.bin")
+    wrong_dtype = root / "wrong_dtype"  # an index that says uint16 over int32 tokens
+    wrong_dtype.mkdir()
+    import numpy as np
+
+    tokens = np.fromfile(DATA / "text_document.bin", dtype=np.uint16).astype(np.int32)
+    tokens.tofile(wrong_dtype / "text_document.bin")
+    shutil.copy(DATA / "text_document.idx", wrong_dtype / "text_document.idx")
+    shutil.copy(DATA / "tokenizer.model", wrong_dtype / "tokenizer.model")
+    (root / "per_split_bad_key.json").write_text(
+        '{"training": "' + str(DATA / "text_document") + '", "valid": "x"}')
     run = root / "run"
     run_pretrain([*TINY, "--train-iters", "4", "--exit-interval", "3", "--eval-interval",
                   "100", "--gnmr", "--monitors", "attention", "--monitor-interval", "1",
@@ -214,7 +227,6 @@ IN_PROCESS = {
     "unknown_detector": (["--monitors", "attention", "--monitor-detector", "cusum"],
                          "--monitor-detector"),
     # megatron's scale features
-    "sp_without_tp": (["--sequence-parallel"], "--sequence-parallel"),
     "param_gather_without_distopt": (["--overlap-param-gather"], "--use-distributed-optimizer"),
     "param_gather_without_grad_overlap": (["--use-distributed-optimizer",
                                            "--overlap-param-gather"], "--overlap-grad-reduce"),
@@ -229,8 +241,6 @@ IN_PROCESS = {
                                "--recompute-num-layers", "1"], "--recompute-num-layers"),
     "zero_recompute_layers": (["--recompute-num-layers", "0"], "--recompute-num-layers"),
     "grad_fusion_on_cpu": (["--gradient-accumulation-fusion"], "--gradient-accumulation-fusion"),
-    "flash_without_te": (["--use-flash-attn"], "--use-flash-attn"),
-    "fused_attention_without_te": (["--attention-backend", "fused"], "--attention-backend"),
     "unknown_attention_backend": (["--attention-backend", "triton"], "--attention-backend"),
     "flash_and_other_backend": (["--use-flash-attn", "--attention-backend", "local"],
                                 "--use-flash-attn"),
@@ -357,6 +367,43 @@ THROUGH_THE_ENTRY_POINT = {
 END_TO_END = {
     "e2e_truncated_checkpoint": (["--load", "{root}/truncated"], "truncated"),
     "e2e_nan_lr": (["--lr", "nan"], "--lr"),
+    # Megatron-LM's command line (interop/megatron_flags.py) and its data forms
+    "megatron_feature_refused": (["--context-parallel-size", "2", "--fp16"],
+                                 "--context-parallel-size 2"),
+    "megatron_family_disagrees": (["--normalization", "LayerNorm"], "RMSNorm"),
+    "megatron_fp8_without_te": (["--fp8-format", "hybrid"], "fp8-emulated"),
+    "megatron_bad_choice": (["--lr-decay-style", "exponential"], "--lr-decay-style"),
+    "megatron_iters_and_samples": (["--train-samples", "64"], "--train-samples"),
+    "megatron_samples_form_with_iters": (["--lr-decay-samples", "32"], "--lr-decay-samples"),
+    "megatron_warmup_fraction_and_iters": (["--lr-warmup-fraction", "0.1"],
+                                           "--lr-warmup-fraction"),
+    "megatron_optimizer_refused": (["--optimizer", "sgd"], "--optimizer sgd"),
+    "megatron_te_layers_without_te": (["--transformer-impl", "transformer_engine"],
+                                      "--transformer-impl"),
+    "blend_weight_not_number": (["--data-path", "0.3", f"{DATA}/text_document", "x",
+                                 f"{DATA}/text_document"], "--data-path"),
+    "blend_weight_negative": (["--data-path", "-1", f"{DATA}/text_document", "2",
+                               f"{DATA}/text_document"], "negative"),
+    "blend_prefix_missing_idx": (["--data-path", "1", f"{DATA}/text_document", "1",
+                                  "{root}/only_bin/text_document"], ".idx"),
+    "blend_dtype_mismatch": (["--data-path", "{root}/wrong_dtype/text_document"],
+                             "index describes"),
+    "tokenizer_vocab_below_data": (["--data-path", f"{DATA}/text_document",
+                                    "--tokenizer-type", "HuggingFaceTokenizer",
+                                    "--tokenizer-model", str(REPO / "tests" / "fixtures" /
+                                                             "megatron_preprocess" /
+                                                             "tokenizers" / "huggingface")],
+                                   "vocabulary"),
+    "per_split_unknown_key": (["--per-split-data-args-path", "{root}/per_split_bad_key.json"],
+                              "'training'"),
+    "per_split_and_data_path": (["--data-path", f"{DATA}/text_document", "--train-data-path",
+                                 f"{DATA}/text_document"], "exclusive"),
+    "per_split_without_valid": (["--train-data-path", f"{DATA}/text_document"],
+                                "--valid-data-path"),
+    "mock_data_without_tokenizer": (["--mock-data"], "NullTokenizer"),
+    "hf_tokenizer_missing": (["--data-path", f"{DATA}/text_document", "--tokenizer-type",
+                              "HuggingFaceTokenizer", "--tokenizer-model", "{root}/a_file"],
+                             "tokenizer"),
     "e2e_bad_regex": (["--gnmr", "--gnmr-units", "("], "--gnmr-units"),
     "e2e_unknown_yaml_key": (["--config", "{root}/unknown_key.yaml"], "model.num_layer"),
 }

@@ -18,7 +18,8 @@ LAYERS = [
     {"config"},
     {"model"},
     {"training"},
-    {"arguments", "input_files", "validation", "experiments", "estimate", "evaluation"},
+    {"arguments", "input_files", "validation", "experiments", "estimate", "evaluation",
+     "interop"},
     {"cli"},
 ]
 __doc__ += "\n".join(f"{rank}: {', '.join(sorted(names))}" for rank, names in enumerate(LAYERS))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,14 +215,19 @@ def _plain_npy(path: Path) -> bool:
 
 
 class BatchReader:
-    """Micro-batches for one optimizer step, read by global sample index."""
+    """Micro-batches for one optimizer step, read by global sample index; with `workers`
+    threads, the next step's micro-batches are read while this one trains (in the same order:
+    what a step reads never depends on them)."""
 
-    def __init__(self, dataset, micro_batch_size: int, global_batch_size: int):
+    def __init__(self, dataset, micro_batch_size: int, global_batch_size: int,
+                 workers: int = 0):
         self.dataset = dataset
         self.micro_batch_size = micro_batch_size
         self.global_batch_size = global_batch_size
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="data") if workers else None
+        self.ahead: dict[int, list] = {}
 
     @property
     def num_microbatches(self) -> int:
@@ -229,12 +235,23 @@ class BatchReader:
 
     def step_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
         """This rank's micro-batches of optimizer step `step` (0-based)."""
-        start = step * self.global_batch_size
-        batches = []
-        for micro in range(self.num_microbatches):
-            first = start + (micro * self.dp_size + self.dp_rank) * self.micro_batch_size
-            samples = [self.dataset[(first + i) % len(self.dataset)]
-                       for i in range(self.micro_batch_size)]
-            batches.append({key: torch.stack([torch.as_tensor(s[key]) for s in samples])
-                            for key in ("tokens", "labels", "loss_mask", "position_ids")})
+        if self.pool is None:
+            return [self._micro_batch(step, micro) for micro in range(self.num_microbatches)]
+        pending = self.ahead.pop(step, None)
+        batches = [f.result() for f in pending] if pending is not None else \
+            [self._micro_batch(step, micro) for micro in range(self.num_microbatches)]
+        self.ahead = {step + 1: [self.pool.submit(self._micro_batch, step + 1, micro)
+                                 for micro in range(self.num_microbatches)]}
         return batches
+
+    def _micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+        start = step * self.global_batch_size
+        first = start + (micro * self.dp_size + self.dp_rank) * self.micro_batch_size
+        samples = [self.dataset[(first + i) % len(self.dataset)]
+                   for i in range(self.micro_batch_size)]
+        return {key: torch.stack([torch.as_tensor(s[key]) for s in samples])
+                for key in ("tokens", "labels", "loss_mask", "position_ids")}
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)

@@ -62,6 +62,19 @@ def _te_validate(config):
     validate_te_fp8(config)
 
 
+def _te_layers(family, config, num_experts):
+    return family.te_layer_spec(config, num_experts)
+
+
+def _te_layers_validate(config):
+    from megatron_gnmr.platform import capabilities
+
+    te = capabilities.transformer_engine()
+    if not te:
+        raise UserError(f"--transformer-impl transformer_engine needs Transformer Engine: "
+                        f"{te.reason}; use --transformer-impl local")
+
+
 def _torchao_validate(config):
     from megatron_gnmr.precision.gemm_shapes import shape_problems, unit_gemms
     from megatron_gnmr.precision.torchao_compat import require_torchao
@@ -108,9 +121,15 @@ BACKENDS = {
     "fp8-torchao": Backend(recipes.fp8_torchao, validate=_torchao_validate,
                            start_note=_torchao_start_note, options=FP8_OPTIONS,
                            per_gemm_recovery=False),
+    # Transformer Engine's layers in BF16 (Megatron-LM's --transformer-impl transformer_engine
+    # without --fp8-format): nothing switches.
+    "te": Backend(recipe=None, layer_spec=_te_layers, validate=_te_layers_validate,
+                  probes=False, experts=True, per_gemm_recovery=False,
+                  transformer_engine_layers=True),
     # Our --fp8-format / --fp8-recipe values are megatron's own.
     "te-fp8": Backend(recipe=None, layer_spec=_te_spec, validate=_te_validate,
-                      megatron_fields=lambda p: {"fp8": p.fp8_format, "fp8_recipe": p.fp8_recipe},
+                      megatron_fields=lambda p: {"fp8": p.fp8_format or "hybrid",
+                                                 "fp8_recipe": p.fp8_recipe},
                       probes=False, experts=True, options=FP8_OPTIONS,
                       per_gemm_recovery=False, transformer_engine_layers=True),
 }

@@ -19,16 +19,24 @@ ATTENTION_PRECISIONS = ("exact", "fp8")
 
 @dataclass
 class PrecisionConfig:
-    precision_recipe: str = "none"
-    """none | fp8-emulated | deepseek | nvfp4 | w8a8 | act-quant | fp8-torchao | te-fp8: the low-cost and
-    recovery path pair of every unit (precision/backends.py)."""
+    precision_recipe: Optional[str] = None
+    """none | fp8-emulated | deepseek | nvfp4 | w8a8 | act-quant | fp8-torchao | te-fp8 | te: the
+    low-cost and recovery path pair of every unit (precision/backends.py). Default: none, or
+    te-fp8 with --fp8-format (Megatron-LM's meaning: FP8 through Transformer Engine), or te
+    (Transformer Engine's layers, BF16) with --transformer-impl transformer_engine."""
     precision_static: str = limit("low", choices=("low", "recovery"))
     """Every unit on the `low` cost path or on the `recovery` path. With --gnmr the
     controller's choices come on top: on top of `recovery` they change nothing, which makes
     the high bound of a comparison whose arms all take the controller's optimizer path (its
     gradient clipping is not bitwise megatron's)."""
-    fp8_format: str = limit("hybrid", choices=FP8_FORMATS)
-    """hybrid (E4M3 forward, E5M2 gradients) or e4m3 (everywhere)."""
+    fp8_format: Optional[str] = limit(None, choices=FP8_FORMATS)
+    """hybrid (E4M3 forward, E5M2 gradients) or e4m3 (everywhere): the FP8 recipes' format
+    (hybrid unless given). Without --precision-recipe it turns FP8 on through Transformer
+    Engine, as in Megatron-LM (te-fp8)."""
+    transformer_impl: str = limit("local", choices=("local", "transformer_engine"))
+    """Megatron-LM's --transformer-impl: local (megatron-core's local layers, ours; our
+    default) or transformer_engine (Transformer Engine's layers: --precision-recipe te, or
+    te-fp8 with --fp8-format; Megatron-LM's default)."""
     fp8_recipe: str = "tensorwise"
     """Scaling: tensorwise (current), blockwise (1x128 / 128x128), mxfp8; delayed is refused."""
     deepseek_low_format: str = limit("e2m3", choices=("e2m3", "e3m2"))
@@ -82,3 +90,10 @@ class PrecisionConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "precision")
+        if self.precision_recipe is None:  # Megatron-LM's meaning of its two flags
+            if self.fp8_format is not None:
+                self.precision_recipe = "te-fp8"
+            elif self.transformer_impl == "transformer_engine":
+                self.precision_recipe = "te"
+            else:
+                self.precision_recipe = "none"

@@ -41,7 +41,7 @@ FP8_GRANULARITY = {"tensorwise": ("tensor", "tensor"), "blockwise": ("tile", "bl
 def fp8_emulated(config) -> Recipe:
     check_fp8_recipe(config.fp8_recipe)
     act, weight = FP8_GRANULARITY[config.fp8_recipe]
-    grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
+    grad_format = "e5m2" if (config.fp8_format or "hybrid") == "hybrid" else "e4m3"
     pow2 = config.fp8_recipe == "blockwise"
     low = GemmPath("fp8", QuantSpec("e4m3", act, pow2), QuantSpec("e4m3", weight, pow2),
                    QuantSpec(grad_format, act, pow2))
@@ -103,7 +103,7 @@ def fp8_torchao(config) -> Recipe:
         raise UserError(f"--fp8-recipe {config.fp8_recipe!r} with --precision-recipe "
                         "fp8-torchao: use tensorwise or rowwise")
     granularity, pow2 = ("tensor", False) if config.fp8_recipe == "tensorwise" else ("row", True)
-    grad_format = "e5m2" if config.fp8_format == "hybrid" else "e4m3"
+    grad_format = "e5m2" if (config.fp8_format or "hybrid") == "hybrid" else "e4m3"
     low = GemmPath(f"fp8-torchao-{config.fp8_recipe}", QuantSpec("e4m3", granularity, pow2),
                    QuantSpec("e4m3", granularity, pow2), QuantSpec(grad_format, granularity, pow2),
                    kernel="torchao")

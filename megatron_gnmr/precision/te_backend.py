@@ -43,8 +43,11 @@ def validate_te_fp8(config) -> None:
     check_fp8_recipe(precision.fp8_recipe)
     te = capabilities.transformer_engine()
     if not te:
-        raise UserError(f"--precision-recipe te-fp8 needs Transformer Engine: {te.reason}; "
-                        "use --precision-recipe fp8-emulated to emulate FP8 here")
+        fmt = precision.fp8_format or "hybrid"
+        raise UserError(f"FP8 through Transformer Engine (--precision-recipe te-fp8, which "
+                        f"--fp8-format {fmt} alone means, as in Megatron-LM) needs Transformer "
+                        f"Engine: {te.reason}; to emulate it here: --precision-recipe "
+                        f"fp8-emulated --fp8-format {fmt}")
     support = capabilities.te_recipe(precision.fp8_recipe)
     if not support:
         others = [r for r in FP8_RECIPES if r != precision.fp8_recipe

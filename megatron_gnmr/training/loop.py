@@ -43,11 +43,19 @@ from megatron_gnmr.data.mixture import mixture
 from megatron_gnmr.errors import RunAborted
 from megatron_gnmr.lora.adapters import lora_units
 from megatron_gnmr.model_families import family_of
-from megatron_gnmr.model import bind_precision, build_model, count_parameters, unwrap
+from megatron_gnmr.model import (
+    attention_backend_note,
+    bind_precision,
+    build_model,
+    count_parameters,
+    padded_vocab_size,
+    unwrap,
+)
 from megatron_gnmr.monitors.detectors.reference_runs import config_mismatches
 from megatron_gnmr.monitors.runtime import MonitorSuite, NoMonitors
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.platform.device import run_device, to_run_device
+from megatron_gnmr.platform.housekeeping import Housekeeping
 from megatron_gnmr.precision.attention_fault import (
     EmulatedFlashAttention,
     FaultSchedule,
@@ -62,14 +70,15 @@ from megatron_gnmr.training import checkpoint, run_directory
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.faults import NO_FAULTS, FaultHooks
-from megatron_gnmr.training.lr_schedule import build_scheduler
 from megatron_gnmr.training.finetune import load_base_weights
+from megatron_gnmr.training.lr_schedule import build_scheduler
 from megatron_gnmr.training.memory_estimate import GIB
 from megatron_gnmr.training.memory_estimate import estimate as estimate_memory
 from megatron_gnmr.training.overlap import CommunicationOverlap
 from megatron_gnmr.training.plain_step import PlainStep
 from megatron_gnmr.training.resume import RunCheckpoints
 from megatron_gnmr.training.run_state import RunState
+from megatron_gnmr.training.throughput import step_flops
 
 
 class NonFiniteGradientError(RunAborted):
@@ -84,10 +93,20 @@ def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     return loss, {"lm loss": loss.detach().clone()}
 
 
-def _forward_step(data_iterator, model):
+def _per_token_loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """--calculate-per-token-loss: megatron-core's contract (the loss summed, its token count;
+    the schedule divides the gradients by the step's count)."""
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.float().view(-1)
+    total, tokens = torch.sum(losses * mask), mask.sum()
+    return total, tokens.int(), {"lm loss": torch.stack([total.detach(), tokens.detach()])}
+
+
+def _forward_step(data_iterator, model, per_token: bool = False):
     batch = to_run_device(next(data_iterator))
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-    return output, partial(_loss_func, batch["loss_mask"])
+    return output, partial(_per_token_loss_func if per_token else _loss_func,
+                           batch["loss_mask"])
 
 
 def build_optimizer(config: RunConfig, model_chunks, clip_in_megatron: bool):
@@ -95,6 +114,7 @@ def build_optimizer(config: RunConfig, model_chunks, clip_in_megatron: bool):
     optimizer_config = OptimizerConfig(
         optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
         adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
+        decoupled_lr=t.decoupled_lr, decoupled_min_lr=t.decoupled_min_lr,
         clip_grad=t.clip_grad if clip_in_megatron else 0.0,
         bf16=t.bf16, params_dtype=torch.bfloat16 if t.bf16 else torch.float32,
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
@@ -104,14 +124,17 @@ def build_optimizer(config: RunConfig, model_chunks, clip_in_megatron: bool):
 
 
 def _reduce_loss(losses: list[dict]) -> float:
-    """The step's mean loss on every rank (it exists on the last pipeline stage only)."""
-    value = torch.zeros(1, dtype=torch.float64, device=run_device())
+    """The step's mean loss on every rank (it exists on the last pipeline stage only): the
+    mean over micro-batches, or with per-token losses ([sum, tokens] each) over tokens."""
+    value = torch.zeros(2, dtype=torch.float64, device=run_device())
     if parallel_state.is_pipeline_last_stage() and losses:
-        value[0] = sum(d["lm loss"].double() for d in losses) / len(losses)
+        if losses[0]["lm loss"].numel() == 2:
+            value += sum(d["lm loss"].double() for d in losses)
+        else:
+            value[0] = sum(d["lm loss"].double() for d in losses) / len(losses)
+            value[1] = 1.0
     torch.distributed.all_reduce(value)
-    copies = parallel_state.get_data_parallel_world_size() * \
-        parallel_state.get_tensor_model_parallel_world_size()
-    return float(value[0]) / copies
+    return float(value[0] / value[1])
 
 
 class Trainer:
@@ -135,13 +158,18 @@ class Trainer:
             valid_samples=max(self.eval_iters, 1) * t.global_batch_size)
         self.mixture = mixture(train, t.train_iters * t.global_batch_size) \
             if self.data.plan is not None else []
-        self.train_reader = BatchReader(train, t.micro_batch_size, t.global_batch_size)
+        self.train_reader = BatchReader(train, t.micro_batch_size, t.global_batch_size,
+                                        config.data.num_workers)
         self.valid_reader = BatchReader(valid, t.micro_batch_size, t.global_batch_size)
         self.state = RunState()
         self.base = None  # --finetune: the base checkpoint's identity
         self.run_dir = t.save
         self.logger = NullLogger()  # real loggers open after --load is validated
         self.forward_backward = get_forward_backward_func()
+        self.started = time.monotonic()  # --exit-duration-in-mins counts from here
+        self.housekeeping = Housekeeping(config.housekeeping, t.save)
+        self.flops_per_step = step_flops(config, padded_vocab_size(
+            self.data.tokenizer.vocab_size, config))
         self.checkpoints = RunCheckpoints(self)
 
     def _build_locally(self) -> None:
@@ -197,8 +225,10 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------
     def _forward_backward(self, batches, forward_only: bool):
+        per_token = self.config.training.calculate_per_token_loss
         return self.forward_backward(
-            forward_step_func=_forward_step, data_iterator=iter(batches), model=self.model,
+            forward_step_func=partial(_forward_step, per_token=per_token),
+            data_iterator=iter(batches), model=self.model,
             num_microbatches=len(batches), seq_length=self.config.model.seq_length,
             micro_batch_size=self.config.training.micro_batch_size,
             decoder_seq_length=self.config.model.seq_length, forward_only=forward_only)
@@ -299,16 +329,21 @@ class Trainer:
         while self.state.step < t.train_iters:
             step = self.state.step + 1
             start = time.perf_counter()
+            self.housekeeping.before_step(step)
             try:
                 metrics = self.train_step(self.state.step)
             except NonFiniteGradientError as error:
                 raise NonFiniteGradientError(f"{error}; {self.checkpoints.keep()}") from None
             elapsed = time.perf_counter() - start
             self.state.step = step
+            self.housekeeping.after_step(step)
             metrics.update({"train/lr": self.scheduler.get_lr(self.optimizer.param_groups[0]),
                             "train/step_time_s": elapsed,
                             "train/tokens_per_s": tokens_per_step / elapsed,
                             "train/ppl": math.exp(min(metrics["train/loss"], 50.0))})
+            if self.config.housekeeping.log_throughput:
+                metrics["train/tflops_per_device"] = self.flops_per_step / elapsed / \
+                    torch.distributed.get_world_size() / 1e12
             self.state.last_loss = metrics["train/loss"]
             if step % t.log_interval == 0 or step == t.train_iters:
                 self.logger.log(step, metrics)
@@ -317,7 +352,12 @@ class Trainer:
                 result = self.evaluate()
                 summary["final_valid_loss"] = result["valid/loss"]
                 self.logger.log(step, result)
+                self.housekeeping.after_evaluation()
             should_exit = t.exit_interval and step % t.exit_interval == 0
+            if self._out_of_time():
+                self.logger.event(step, "exit", {"reason": f"--exit-duration-in-mins "
+                                                           f"{t.exit_duration_in_mins}"})
+                should_exit = True
             if self.state.divergence.observe(step, metrics["train/loss"]) and \
                     t.stop_on_divergence:
                 self.logger.event(step, "diverged", {"stopping": True})
@@ -335,6 +375,16 @@ class Trainer:
         self.logger.event(self.state.step, "summary", summary)
         return summary
 
+    def _out_of_time(self) -> bool:
+        """--exit-duration-in-mins, agreed by every rank (the slowest clock decides)."""
+        limit = self.config.training.exit_duration_in_mins
+        if limit is None:
+            return False
+        late = torch.tensor([float(time.monotonic() - self.started > 60.0 * limit)],
+                            device=run_device())
+        torch.distributed.all_reduce(late, op=torch.distributed.ReduceOp.MAX)
+        return bool(late.item())
+
     def _run_monitors(self, step: int) -> None:
         reads = self.monitors.reads_weights(step)
         with self.overlap.whole_weights() if reads else contextlib.nullcontext():
@@ -349,6 +399,8 @@ class Trainer:
         message = note(self.config, torch.distributed.get_world_size()) if note else None
         if message:
             self.logger.event(self.state.step, "notice", {"precision": message})
+        if attention_note := attention_backend_note(self.config):
+            self.logger.event(self.state.step, "notice", {"attention": attention_note})
         memory = estimate_memory(self.config, torch.distributed.get_world_size())
         self.logger.event(self.state.step, "memory_estimate", {
             "layout": memory.note, **{f"{name}_GiB": round(getattr(memory, name) / GIB, 2)
@@ -382,3 +434,5 @@ class Trainer:
     def close(self) -> None:
         self.controller.close()
         self.logger.close()
+        self.train_reader.close()
+        self.housekeeping.close()
