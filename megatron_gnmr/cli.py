@@ -1,6 +1,6 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
 compare-alarms, compare-signals, compare-closed-loop, compare-frontier, estimate-memory,
-calibrate, evaluate, merge-lora, dashboard)."""
+calibrate, evaluate, merge-lora, dashboard, megatron-flags)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
         runner,
         signal_comparison,
     )
+    from megatron_gnmr.interop import flags_command
     from megatron_gnmr.observe import dashboard, report
     from megatron_gnmr.training import merge_lora
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         ("calibrate", calibrate_command, "the units to keep in BF16, as Megatron's precision config"),
         ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),
         ("merge-lora", merge_lora, "a LoRA run's adapters merged into its base's weights"),
+        ("megatron-flags", flags_command, "how each Megatron-LM flag is read here"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)

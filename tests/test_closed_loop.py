@@ -53,7 +53,7 @@ def test_every_variant_of_the_closed_loop_scenario_is_a_valid_run(tmp_path):
             assert config.gnmr.units == "core_attention", variant
 
 
-@pytest.mark.parametrize("variant", ["loop-trend", "loop-online"])
+@pytest.mark.parametrize("variant", ["loop-trend"])
 def test_the_loops_act_on_the_monitor_alone(variant):
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.experiments.scenario import load_scenario

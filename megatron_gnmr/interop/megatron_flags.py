@@ -172,7 +172,7 @@ RULES: dict[str, Rule] = {
                                        unless=_one),
     "--num-layers-per-virtual-pipeline-stage": refused(
         "the interleaved (virtual) pipeline schedule is not supported; drop it (1F1B)"),
-    "--virtual-pipeline-model-parallel-size": refused(
+    "--num-virtual-stages-per-pipeline-rank": refused(
         "the interleaved (virtual) pipeline schedule is not supported; drop it (1F1B)",
         unless=_one),
     "--expert-tensor-parallel-size": refused("experts split over TP like the dense layers "
