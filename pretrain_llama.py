@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise
     finally:
         trainer.close()
-    if config.training.save and distributed.is_logging_rank():
+    # a run stopped by a signal or its time limit is not finished: no summary.json, so
+    # whatever waits for one (reproduce, a job script) resumes it
+    if config.training.save and distributed.is_logging_rank() and "exit" not in summary:
         path = Path(config.training.save) / "summary.json"
         path.write_text(json.dumps({"config": config.to_dict(), **summary}, indent=2,
                                    default=str))

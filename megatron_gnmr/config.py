@@ -236,6 +236,24 @@ class TrainingConfig:
     """Checkpoint every N steps (0: only at the end, if --save is set)."""
     keep_last: int = limit(2, ge=1)
     """Checkpoints kept in --save (older ones are deleted after a new one is complete)."""
+    ckpt_format: Optional[str] = limit(None, choices=("torch_dist", "torch"))
+    """torch_dist (megatron-core's dist_checkpointing in Megatron-LM's layout: one copy of
+    each tensor, resharded on load, so a resume may change TP/PP/DP/EP; the default) or torch
+    (per-rank files, the same layout only; the default of LoRA fine-tunes, whose checkpoints
+    hold the adapters alone). A resume reads either."""
+    no_load_optim: bool = False
+    """Resume without the optimizer's and the LR scheduler's state (Megatron-LM's meaning)."""
+    no_load_rng: bool = False
+    """Resume without the RNG state (re-derived from the seed, the step and the rank)."""
+    override_opt_param_scheduler: bool = False
+    """On resume, this run's LR schedule flags win over the checkpoint's (Megatron-LM's)."""
+    use_checkpoint_opt_param_scheduler: bool = False
+    """On resume, the checkpoint's LR schedule wins over this run's flags (Megatron-LM's)."""
+    exit_signal_handler: bool = False
+    """Also save and exit 0 on --exit-signal (SIGTERM always does)."""
+    exit_signal: str = limit("SIGTERM", choices=("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"))
+    """--exit-signal-handler: the signal (SLURM sends SIGUSR1 ahead of a time limit with
+    `--signal=USR1@120`)."""
     distributed_timeout_minutes: int = limit(10, ge=1)
     """A collective that waits longer than this (a rank died or hangs) fails the run."""
     stop_on_divergence: bool = False
@@ -302,6 +320,11 @@ class RunConfig:
     gnmr: GNMRRunConfig = field(default_factory=GNMRRunConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
+
+    def __post_init__(self) -> None:
+        t = self.training
+        if t.ckpt_format is None:  # adapters-only checkpoints are the torch format's
+            t.ckpt_format = "torch" if t.finetune and self.lora.enabled else "torch_dist"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

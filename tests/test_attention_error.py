@@ -75,9 +75,10 @@ def test_without_the_fault_the_low_path_delta_is_exact():
                   bank.take().reshape(2, -1).numpy())["attention_error"][1] == 0.0
 
 
-def _risky(threshold: float, hold: int, sequence) -> list[list[int]]:
+def _risky(threshold: float, hold: int, sequence, window: int = 1) -> list[list[int]]:
     signal = AttentionErrorSignal(UNITS, {"attention_error_threshold": threshold,
-                                          "attention_error_hold": hold})
+                                          "attention_error_hold": hold,
+                                          "attention_error_window": window})
     return [[i for i, s in enumerate(signal.scores(Observations(
         measured={"attention_error": np.array(errors)}))) if s > 1.0] for errors in sequence]
 
@@ -89,3 +90,6 @@ def test_the_signal_by_hand():
     assert _risky(0.5, 0, SEQUENCE) == [[], [0], [], [1], [], []]
     assert _risky(0.5, 1, SEQUENCE) == [[], [0], [0], [1], [1], []]
     assert _risky(0.5, -1, SEQUENCE) == [[], [0], [0], [0, 1], [0, 1], [0, 1]]
+    # medians of the last 3 steps, unit 0: 0.2, 0.4, 0.3, 0.3, 0.3, 0.1; unit 1 (a NaN
+    # skipped): 0.4, 0.4, 0.4, 0.455, 0.305, 0.1
+    assert _risky(0.35, 0, SEQUENCE, window=3) == [[1], [0, 1], [1], [1], [], []]

@@ -86,6 +86,11 @@ class MonitorSuite:
         for name, monitor in self.monitors.items():
             monitor.load_state_dict(state["monitors"][name])
 
+    def load_alarms(self, alarms: dict) -> None:
+        """The alarm book alone (a resume on another layout: the monitors' own state holds
+        this rank's weight shards, which belong to the old layout)."""
+        self.alarms.load_state_dict(alarms)
+
 
 class NoMonitors:
     """The stand-in when no monitor runs: nothing measured, nothing firing, no state."""
@@ -106,4 +111,7 @@ class NoMonitors:
         return None
 
     def load_state_dict(self, state) -> None:
+        pass
+
+    def load_alarms(self, alarms) -> None:
         pass

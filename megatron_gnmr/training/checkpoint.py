@@ -178,7 +178,7 @@ def write_checkpoint(run_dir: str, step: int, shards: list[dict], meta: dict) ->
 
 def read_shard(directory: Path, rank: int) -> dict:
     """Rank `rank`'s shard, hash-checked against meta.json (tools reading every shard)."""
-    if not _shard_matches(directory, rank):
+    if not shard_matches(directory, rank):
         raise UserError(f"{directory}: {_rank_file(directory, rank).name} is missing or its "
                         "sha256 differs from meta.json (corrupt)")
     return from_plain(torch.load(_rank_file(directory, rank), map_location="cpu",
@@ -229,7 +229,7 @@ def read_meta(directory: Path) -> dict:
     return meta
 
 
-def _intact_on_disk(directory: Path) -> str | None:
+def intact_on_disk(directory: Path) -> str | None:
     """Why `directory` cannot be loaded (meta or shard sizes), or None."""
     try:
         meta = read_meta(directory)
@@ -251,7 +251,7 @@ def _intact_on_disk(directory: Path) -> str | None:
 def newest_intact(run_dir: str) -> Path | None:
     """The newest checkpoint of a run whose meta.json and shard sizes are right (tools that
     read it offline check the shards' hashes as they read them)."""
-    return next((c for c in candidates(run_dir) if _intact_on_disk(c) is None), None)
+    return next((c for c in candidates(run_dir) if intact_on_disk(c) is None), None)
 
 
 def candidates(load: str) -> list[Path]:
@@ -283,7 +283,7 @@ def choose_checkpoint(load: str) -> Choice:
         chosen = None
         while rank == 0 and queue and chosen is None:
             candidate = queue.pop(0)
-            problem = _intact_on_disk(candidate)
+            problem = intact_on_disk(candidate)
             if problem is None:
                 chosen = candidate
             else:
@@ -296,7 +296,7 @@ def choose_checkpoint(load: str) -> Choice:
                             f"{checkpoint_root(load)}/iter_* with meta.json)"
                             + (f"; {'; '.join(warnings)}" if warnings else ""))
         directory = Path(message[0])
-        intact = torch.tensor([_shard_matches(directory, rank)], device=run_device())
+        intact = torch.tensor([shard_matches(directory, rank)], device=run_device())
         torch.distributed.all_reduce(intact, op=torch.distributed.ReduceOp.MIN)
         if int(intact) == 1:
             return Choice(directory, warnings)
@@ -306,7 +306,7 @@ def choose_checkpoint(load: str) -> Choice:
         warnings.append(f"skipped {directory}: {problem}")
 
 
-def _shard_matches(directory: Path, rank: int) -> int:
+def shard_matches(directory: Path, rank: int) -> int:
     path = _rank_file(directory, rank)
     expected = read_meta(directory)["shards"].get(path.name, {})
     sha256 = hashlib.sha256()

@@ -67,8 +67,10 @@ from megatron_gnmr.precision.unit_costs import RecoveredShare
 from megatron_gnmr.precision.kept_high import kept_high
 from megatron_gnmr.precision.probes import build_probes
 from megatron_gnmr.training import checkpoint, run_directory
+from megatron_gnmr.training.checkpoint_choice import checkpoint_steps
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
+from megatron_gnmr.training.exit_signals import ExitRequests
 from megatron_gnmr.training.faults import NO_FAULTS, FaultHooks
 from megatron_gnmr.training.finetune import load_base_weights
 from megatron_gnmr.training.lr_schedule import build_scheduler
@@ -120,7 +122,8 @@ def build_optimizer(config: RunConfig, model_chunks, clip_in_megatron: bool):
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(optimizer_config, model_chunks)
-    return optimizer, build_scheduler(t, optimizer)
+    return optimizer, build_scheduler(t, optimizer, override=t.override_opt_param_scheduler,
+                                      use_checkpoint=t.use_checkpoint_opt_param_scheduler)
 
 
 def _reduce_loss(losses: list[dict]) -> float:
@@ -166,10 +169,10 @@ class Trainer:
         self.run_dir = t.save
         self.logger = NullLogger()  # real loggers open after --load is validated
         self.forward_backward = get_forward_backward_func()
-        self.started = time.monotonic()  # --exit-duration-in-mins counts from here
         self.housekeeping = Housekeeping(config.housekeeping, t.save)
-        self.flops_per_step = step_flops(config, padded_vocab_size(
-            self.data.tokenizer.vocab_size, config))
+        self.exit_requests = ExitRequests(t)  # SIGTERM, --exit-duration-in-mins
+        self.padded_vocab_size = padded_vocab_size(self.data.tokenizer.vocab_size, config)
+        self.flops_per_step = step_flops(config, self.padded_vocab_size)
         self.checkpoints = RunCheckpoints(self)
 
     def _build_locally(self) -> None:
@@ -304,7 +307,7 @@ class Trainer:
         if t.overwrite and is_logging_rank():
             run_directory.clear_for_overwrite(t.save)
         torch.distributed.barrier()
-        own = t.save if run_directory.resumes(t) and checkpoint.checkpoint_steps(t.save) else None
+        own = t.save if run_directory.resumes(t) and checkpoint_steps(t.save) else None
         if t.finetune:  # the base's weights, then (resuming) this fine-tune's own state
             self.base = load_base_weights(self.model, t.load, self.checkpoints.settings())
             source = own
@@ -354,9 +357,9 @@ class Trainer:
                 self.logger.log(step, result)
                 self.housekeeping.after_evaluation()
             should_exit = t.exit_interval and step % t.exit_interval == 0
-            if self._out_of_time():
-                self.logger.event(step, "exit", {"reason": f"--exit-duration-in-mins "
-                                                           f"{t.exit_duration_in_mins}"})
+            if stop := self.exit_requests.reason():
+                self.logger.event(step, "exit", {"reason": stop})
+                summary["exit"] = stop
                 should_exit = True
             if self.state.divergence.observe(step, metrics["train/loss"]) and \
                     t.stop_on_divergence:
@@ -374,16 +377,6 @@ class Trainer:
                         **self.controller.summary()})
         self.logger.event(self.state.step, "summary", summary)
         return summary
-
-    def _out_of_time(self) -> bool:
-        """--exit-duration-in-mins, agreed by every rank (the slowest clock decides)."""
-        limit = self.config.training.exit_duration_in_mins
-        if limit is None:
-            return False
-        late = torch.tensor([float(time.monotonic() - self.started > 60.0 * limit)],
-                            device=run_device())
-        torch.distributed.all_reduce(late, op=torch.distributed.ReduceOp.MAX)
-        return bool(late.item())
 
     def _run_monitors(self, step: int) -> None:
         reads = self.monitors.reads_weights(step)
@@ -436,3 +429,4 @@ class Trainer:
         self.logger.close()
         self.train_reader.close()
         self.housekeeping.close()
+        self.exit_requests.close()

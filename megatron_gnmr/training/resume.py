@@ -18,11 +18,13 @@ import torch
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.platform import device_audit
 from megatron_gnmr.training import checkpoint
+from megatron_gnmr.training.checkpoint_choice import Choice, choose, latest_step
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.finetune import adapter_state, load_adapters
 from megatron_gnmr.training.lr_schedule import upgrade_state as upgrade_scheduler_state
 from megatron_gnmr.training.optimizer_state import load_optimizer_state, optimizer_state
 from megatron_gnmr.training.resume_contract import check_resume, resume_settings
+from megatron_gnmr.training.torch_dist import run as dist_run
 
 
 def _is_extra_state(key: str) -> bool:
@@ -63,6 +65,11 @@ class RunCheckpoints:
             trainer.logger.event(step, "checkpoint_skipped", {"reason": "non-finite loss"})
             return
         trainer.controller.verify_agreement(step)
+        if trainer.config.training.ckpt_format == "torch_dist":
+            path = dist_run.save(trainer, step, self.settings(), trainer.padded_vocab_size,
+                                 trainer.flops_per_step, trainer.faults)
+            trainer.logger.event(step, "checkpoint", {"path": str(path)})
+            return
         state_of = adapter_state if self.adapters_only else model_state
         with trainer.overlap.whole_weights():
             models = [state_of(chunk) for chunk in trainer.model]
@@ -89,23 +96,51 @@ class RunCheckpoints:
         trainer = self.trainer
         if not trainer.run_dir:
             return "no --save directory, nothing was saved"
-        latest = checkpoint.latest_checkpoint(trainer.run_dir)
-        if latest is not None and checkpoint.step_of(latest) == trainer.state.step:
-            return f"the last checkpoint is {latest}"
+        if latest_step(trainer.run_dir) == trainer.state.step and trainer.state.step:
+            return f"the last checkpoint is of step {trainer.state.step}, in {trainer.run_dir}"
         if trainer.state.step == 0:
             return "no step was completed, nothing to save"
         self.save(trainer.state.step)
-        return f"saved the last good state to {checkpoint.latest_checkpoint(trainer.run_dir)}"
+        return f"saved the last good state (step {trainer.state.step}) in {trainer.run_dir}"
 
-    def load(self, source: str) -> checkpoint.Choice:
-        """Collective: choose (every rank the same), check the settings, read and apply on
-        every rank with one agreement, then prove the controllers agree."""
-        choice = checkpoint.choose_checkpoint(source)
-        meta = checkpoint.read_meta(choice.directory)
-        check_resume(choice.directory, meta.get("settings"), self.settings())
-        on_every_rank(lambda: self._apply(choice.directory))
+    def load(self, source: str) -> Choice:
+        """Collective: choose (every rank the same, either format), check the settings, read
+        and apply on every rank with one agreement, then prove the controllers agree."""
+        choice = choose(source)
+        if choice.format == "torch_dist":
+            saved = dist_run.read_saved(choice.directory)
+            check_resume(choice.directory, saved.get("settings"), self.settings(),
+                         reshardable=True)
+            notes: list[str] = []
+            on_every_rank(lambda: notes.extend(self._apply_dist(choice.directory, saved)))
+            choice.warnings.extend(notes)
+        else:
+            meta = checkpoint.read_meta(choice.directory)
+            check_resume(choice.directory, meta.get("settings"), self.settings())
+            on_every_rank(lambda: self._apply(choice.directory))
         self.trainer.controller.verify_agreement(self.trainer.state.step)
         return choice
+
+    def _apply_dist(self, directory: Path, saved: dict) -> list[str]:
+        trainer, t = self.trainer, self.trainer.config.training
+        notes = dist_run.load(trainer, directory, saved, load_optimizer=not t.no_load_optim,
+                              load_rng=not t.no_load_rng)
+        if not t.no_load_optim:
+            self._load_scheduler(directory, saved["opt_param_scheduler"])
+        _check_restored_devices(trainer)
+        return notes
+
+    def _load_scheduler(self, directory: Path, state: dict) -> None:
+        """Megatron's rule: the checkpoint's schedule must equal this run's unless one of
+        --override-opt-param-scheduler / --use-checkpoint-opt-param-scheduler says which
+        wins (extending a run changes its lengths)."""
+        try:
+            self.trainer.scheduler.load_state_dict(state)
+        except AssertionError as error:
+            raise UserError(f"--load {directory}: the learning-rate schedule differs from the "
+                            f"checkpoint's ({str(error).strip()[:160]}); keep this run's with "
+                            "--override-opt-param-scheduler, or the checkpoint's with "
+                            "--use-checkpoint-opt-param-scheduler") from None
 
     def _apply(self, directory: Path) -> None:
         trainer = self.trainer

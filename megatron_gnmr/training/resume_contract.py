@@ -33,6 +33,7 @@ CONTRACT = {
                  "weight_decay", "start_weight_decay", "end_weight_decay",
                  "weight_decay_incr_style", "finetune"),
     "data": ("split",),
+    "precision": ("precision_recipe",),
 }
 WHEN_ON = {  # checked only when the component is on in both runs (its on-switch always is)
     "gnmr": ("enabled", ("units", "delta", "signals", "qerr_baseline", "selection_seed",
@@ -46,6 +47,16 @@ FORMER_DEFAULTS = {"--gnmr-units": (UNITS_FORMER_DEFAULT,),
                    "--lora-target-modules": ([*ATTENTION_LINEARS, *MLP_LINEARS],)}
 LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
           "expert_model_parallel_size")
+# What a torch_dist checkpoint may be resumed with changed: the layout (megatron-core
+# reshards the model and the optimizer) and the run's length and LR schedule (the scheduler's
+# own check decides, with Megatron-LM's --override-opt-param-scheduler /
+# --use-checkpoint-opt-param-scheduler).
+RESHARDABLE = frozenset({"launch processes", *(flag_name("parallel", n) for n in (
+    *LAYOUT, "use_distributed_optimizer"))} | {flag_name("training", n) for n in (
+        "train_iters", "train_samples", "lr", "min_lr", "lr_decay_style", "lr_decay_iters",
+        "lr_decay_samples", "lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction",
+        "lr_warmup_init", "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples",
+        "weight_decay", "start_weight_decay", "end_weight_decay", "weight_decay_incr_style")})
 
 
 def resume_settings(config, dataset: str, vocab_size: int, world_size: int) -> dict:
@@ -72,12 +83,16 @@ def base_settings(settings: dict) -> dict:
     return {name: value for name, value in settings.items() if name in names}
 
 
-def check_resume(directory, saved: dict | None, current: dict) -> None:
-    """A UserError naming the first setting that differs between checkpoint and run."""
+def check_resume(directory, saved: dict | None, current: dict,
+                 reshardable: bool = False) -> None:
+    """A UserError naming the first setting that differs between checkpoint and run (with
+    `reshardable`, a torch_dist checkpoint: the layout and the schedule may differ)."""
     if not isinstance(saved, dict):
         raise UserError(f"--load {directory}: meta.json records no settings (written by an "
                         "older megatron-gnmr); start a new run")
     for name, value in current.items():
+        if reshardable and name in RESHARDABLE:
+            continue
         if name not in saved and not recorded_as_default(saved, name, value):
             raise UserError(f"--load {directory}: the checkpoint does not record {name} (written"
                             " by another version of megatron-gnmr); start a new run")

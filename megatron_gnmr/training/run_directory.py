@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 from megatron_gnmr.errors import RunAborted, UserError
-from megatron_gnmr.training.checkpoint import checkpoint_steps
+from megatron_gnmr.training.checkpoint_choice import checkpoint_steps
 
 STOPPED = "STOPPED"
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "gnmr_trace.jsonl", "summary.json",
-               "config.json", "report.png", STOPPED)
+               "config.json", "report.png", STOPPED, "latest_checkpointed_iteration.txt")
 
 
 def restart_attempt() -> int:
@@ -53,7 +53,11 @@ def check_run_directory(training) -> None:
 
 def clear_for_overwrite(save: str) -> None:
     """`--overwrite`: remove the previous run's outputs (rank 0, after validation)."""
-    for name in RUN_OUTPUTS:
+    from megatron_gnmr.training.torch_dist.files import step_of
+
+    torch_dist = [p.name for p in Path(save).iterdir() if step_of(p) is not None
+                  or p.name.startswith("iter_")] if Path(save).is_dir() else []
+    for name in (*RUN_OUTPUTS, *torch_dist):
         target = Path(save) / name
         if target.is_dir():
             shutil.rmtree(target)

@@ -47,5 +47,31 @@ def probe_sums_averaged():
         ProbeBank.take = take
 
 
+@contextlib.contextmanager
+def reshard_misplaced():
+    """A resume that puts a shard in the wrong place: after a torch_dist load, the first
+    layer's fc2 weight (row-parallel: split along its input columns under TP) has its two
+    halves swapped, as a reshard that misplaced TP=2's shards would leave it."""
+    from megatron_gnmr.model import unwrap
+    from megatron_gnmr.training.torch_dist import run
+
+    load = run.load
+
+    def misplaced(trainer, *args, **kwargs):
+        notes = load(trainer, *args, **kwargs)
+        model = unwrap(trainer.model[0])
+        weight = model.decoder.layers[0].mlp.linear_fc2.weight
+        with torch.no_grad():
+            weight.copy_(torch.cat(list(reversed(weight.chunk(2, dim=1))), dim=1))
+        return notes
+
+    run.load = misplaced
+    try:
+        yield
+    finally:
+        run.load = load
+
+
 DEFECTS = {"probe_partial_dropped": probe_partial_dropped,
-           "probe_sums_averaged": probe_sums_averaged}
+           "probe_sums_averaged": probe_sums_averaged,
+           "reshard_misplaced": reshard_misplaced}

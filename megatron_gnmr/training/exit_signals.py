@@ -1,0 +1,50 @@
+"""Preemption: SIGTERM (and `--exit-signal-handler`'s `--exit-signal`) ends a run cleanly.
+
+The handler only notes the signal; the training loop asks, once per step and with one
+all-reduce (every rank the same answer, the first rank signalled decides for all), whether
+to stop, and then checkpoints the step it just finished and exits with status 0 (a scheduler's
+time limit is not a failure: the job resumes from that checkpoint). `--exit-duration-in-mins`
+rides the same all-reduce.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import torch
+
+from megatron_gnmr.platform.device import run_device
+
+
+class ExitRequests:
+    def __init__(self, training):
+        self.limit_s = 60.0 * training.exit_duration_in_mins \
+            if training.exit_duration_in_mins else None
+        self.started = time.monotonic()
+        self.received: str | None = None
+        names = {"SIGTERM"} | ({training.exit_signal} if training.exit_signal_handler else set())
+        self.previous = {}
+        for name in sorted(names):
+            number = getattr(signal, name)
+            self.previous[number] = signal.signal(number, self._note)
+
+    def _note(self, number, frame) -> None:
+        self.received = signal.Signals(number).name
+
+    def reason(self) -> str | None:
+        """Collective (once per step): why every rank stops now, or None."""
+        late = self.limit_s is not None and time.monotonic() - self.started > self.limit_s
+        flags = torch.tensor([float(late), float(self.received is not None)],
+                             device=run_device())
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        if flags[1] > 0:
+            return f"{self.received or 'a signal (on another rank)'}: saved and stopped"
+        if flags[0] > 0:
+            return "--exit-duration-in-mins reached: saved and stopped"
+        return None
+
+    def close(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}

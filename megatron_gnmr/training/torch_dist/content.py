@@ -1,0 +1,122 @@
+"""What a torch_dist checkpoint holds, and how a run goes back into it on any layout.
+
+Sharded (megatron-core reshards them on load): the model (`sharded_state_dict` of every
+chunk) and the optimizer (the distributed optimizer in its fully reshardable form, so TP, PP,
+DP and EP may all change), under Megatron-LM's keys `model` and `optimizer`.
+
+Common (written once, by rank 0, into `common.pt`): Megatron-LM's `args`, `checkpoint_version`,
+`iteration` and `opt_param_scheduler` (so Megatron-LM reads it as one of its own), and ours
+under `megatron_gnmr`: the run state (step = the data position: step x global batch samples),
+the controller (its per-unit state is indexed by unit name, the same in every layout), the
+alarm book, the layout it was written in and the resume settings.
+
+Per rank, a ShardedObject keyed by global rank: the RNG streams and the attention monitor's
+weight snapshots (shards of W_q/W_k). They belong to one layout: on another, the RNG streams
+are re-derived from the seed, the step and the rank, the snapshots are taken again at the next
+snapshot step (the first check after the resume is skipped), and the run says so at start.
+"""
+
+from __future__ import annotations
+
+import random
+from argparse import Namespace
+
+import numpy as np
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+from megatron_gnmr.model import unwrap
+from megatron_gnmr.training.checkpoint import rng_state
+from megatron_gnmr.training.safe_state import from_plain, to_plain
+
+RANK_STATE = "megatron_gnmr/rank_state"
+SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+def layout(config) -> dict:
+    """What the per-rank state depends on."""
+    p = config.parallel
+    return {"world_size": torch.distributed.get_world_size(),
+            "tensor_model_parallel_size": p.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+            "expert_model_parallel_size": p.expert_model_parallel_size,
+            "use_distributed_optimizer": p.use_distributed_optimizer}
+
+
+def megatron_args(config, step: int, padded_vocab_size: int) -> Namespace:
+    """The `args` Megatron-LM's loader reads from a checkpoint (its names and meaning)."""
+    m, p, t = config.model, config.parallel, config.training
+    return Namespace(
+        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        group_query_attention=m.num_query_groups is not None,
+        num_query_groups=m.num_query_groups or m.num_attention_heads,
+        kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
+        seq_length=m.seq_length, max_position_embeddings=m.max_position_embeddings or m.seq_length,
+        position_embedding_type="rope", rotary_base=m.rotary_base, rotary_percent=1.0,
+        normalization="RMSNorm", norm_epsilon=m.norm_epsilon, swiglu=True,
+        add_bias_linear=False, untie_embeddings_and_output_weights=True,
+        apply_layernorm_1p=m.apply_layernorm_1p,
+        multi_latent_attention=m.model_family == "deepseek-mla",
+        num_experts=m.num_experts, moe_router_topk=m.moe_router_topk,
+        make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
+        padded_vocab_size=padded_vocab_size, tokenizer_type=config.data.tokenizer_type,
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        expert_model_parallel_size=p.expert_model_parallel_size,
+        use_distributed_optimizer=p.use_distributed_optimizer,
+        micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
+        train_iters=t.train_iters, train_samples=t.train_samples,
+        consumed_train_samples=step * t.global_batch_size, skipped_train_samples=0,
+        consumed_valid_samples=0, iteration=step, bf16=t.bf16, fp16=False, seed=t.seed,
+        ckpt_format="torch_dist", data_parallel_random_init=False)
+
+
+def sharded_state(trainer, is_loading: bool, with_rank_state: bool) -> dict:
+    """The sharded part (model, optimizer, this rank's own state)."""
+    model = unwrap(trainer.model[0]).sharded_state_dict()  # as Megatron-LM: the bare model
+    state = {"model": model,
+             "optimizer": trainer.optimizer.sharded_state_dict(model, is_loading=is_loading,
+                                                                metadata=SHARDING)}
+    if with_rank_state:
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        data = None if is_loading else to_plain({"rng": rng_state(),
+                                                 "monitors": trainer.monitors.state_dict()})
+        state["rank_state"] = ShardedObject(RANK_STATE, data, (world,), (rank,), replica_id=0)
+    return state
+
+
+def common_state(trainer, step: int, settings: dict, padded_vocab_size: int,
+                 flops_per_step: float) -> dict:
+    monitors = trainer.monitors.state_dict()
+    return {
+        "args": megatron_args(trainer.config, step, padded_vocab_size),
+        "checkpoint_version": 3.0,
+        "iteration": step,
+        "opt_param_scheduler": trainer.scheduler.state_dict(),
+        "num_floating_point_operations_so_far": float(step * flops_per_step),
+        "megatron_gnmr": to_plain({
+            "run_state": trainer.state.state_dict(),
+            "controller": trainer.controller.state_dict(),
+            "alarms": monitors["alarms"] if monitors else None,
+            "layout": layout(trainer.config),
+            "settings": settings,
+        }),
+    }
+
+
+def rederive_rng(seed: int, step: int) -> None:
+    """RNG streams for a layout the checkpoint was not written in: a function of the seed,
+    the step and this rank's place (the same resume gives the same streams)."""
+    rank = torch.distributed.get_rank()
+    derived = (seed * 1_000_003 + step * 7919 + rank) % (2**31)
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)
+    tensor_parallel.model_parallel_cuda_manual_seed(
+        derived + 2718 * parallel_state.get_pipeline_model_parallel_rank())
+
+
+def unpack_rank_state(loaded) -> dict:
+    return from_plain(loaded)

