@@ -46,6 +46,12 @@ setup(
         # GPT-2's BPE (GPT2BPETokenizer), read from local files with the library transformers'
         # fast tokenizers run on (a small compiled wheel; transformers itself is not needed).
         "tokenizers>=0.20",
+        # megatron-core's dist_checkpointing (the default --ckpt-format torch_dist) imports it
+        # to size its writer processes, but megatron-core does not declare it.
+        "psutil",
+        # export-hf / import-hf: Hugging Face checkpoints as safetensors files, the format
+        # that holds tensors and nothing else (no pickle to run on load).
+        "safetensors>=0.4",
         # Progress bars for data preparation and replay.
         "tqdm",
         # Dashboards are part of every run, not an option: W&B (offline by default, ~20 s to
@@ -63,7 +69,11 @@ setup(
         # and ml_dtypes, the bit-exact reference for the emulated number formats.
         # torchao: the fp8-torchao recipe's tests run on the CPU too.
         # pytest-xdist runs the suite on both cores.
-        "dev": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "ml_dtypes>=0.5", TORCHAO],
+        # transformers: the outside judge of our LLaMA (export-hf's output must give
+        # transformers' logits; a transformers model imported must give ours). The CPU torch
+        # is installed first, so it pulls no CUDA build.
+        "dev": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "ml_dtypes>=0.5", TORCHAO,
+                "transformers>=5"],
         # Transformer Engine FP8 on GPU (use the NGC container's TE where possible).
         "te": TRANSFORMER_ENGINE,
         # Real FP8 GEMMs without Transformer Engine (--precision-recipe fp8-torchao). Its

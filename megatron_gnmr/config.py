@@ -79,6 +79,9 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = limit(128, ge=1)
     """Pad the embedding's vocabulary to a multiple of this x TP, as Megatron-LM pads it (the
     padded ids are never produced by the tokenizer)."""
+    padded_vocab_size: Optional[int] = limit(None, ge=1)
+    """The embedding's rows, when a model brings its own (`import-hf`: the Hugging Face
+    model's vocab_size); default: the tokenizer's vocabulary padded as above."""
     num_experts: Optional[int] = limit(None, ge=2, le=MAX_EXPERTS)
     """MoE: experts per layer (megatron-core MoE layers, local experts); None: dense SwiGLU."""
     moe_router_topk: int = limit(2, ge=1)
@@ -239,8 +242,8 @@ class TrainingConfig:
     ckpt_format: Optional[str] = limit(None, choices=("torch_dist", "torch"))
     """torch_dist (megatron-core's dist_checkpointing in Megatron-LM's layout: one copy of
     each tensor, resharded on load, so a resume may change TP/PP/DP/EP; the default) or torch
-    (per-rank files, the same layout only; the default of LoRA fine-tunes, whose checkpoints
-    hold the adapters alone). A resume reads either."""
+    (per-rank files, the same layout only; the default of LoRA runs, whose fine-tunes'
+    checkpoints hold the adapters alone and which merge-lora reads). A resume reads either."""
     no_load_optim: bool = False
     """Resume without the optimizer's and the LR scheduler's state (Megatron-LM's meaning)."""
     no_load_rng: bool = False
@@ -323,8 +326,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         t = self.training
-        if t.ckpt_format is None:  # adapters-only checkpoints are the torch format's
-            t.ckpt_format = "torch" if t.finetune and self.lora.enabled else "torch_dist"
+        if t.ckpt_format is None:  # LoRA's checkpoints (adapters, merge-lora) are per-rank
+            t.ckpt_format = "torch" if self.lora.enabled else "torch_dist"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

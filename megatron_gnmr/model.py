@@ -172,6 +172,8 @@ def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: i
 def padded_vocab_size(vocab_size: int, config: RunConfig) -> int:
     """The embedding's rows for a tokenizer of `vocab_size` ids, padded as Megatron-LM pads
     them: to a multiple of --make-vocab-size-divisible-by x TP."""
+    if config.model.padded_vocab_size is not None:
+        return config.model.padded_vocab_size
     multiple = config.model.make_vocab_size_divisible_by * \
         config.parallel.tensor_model_parallel_size
     return -(-vocab_size // multiple) * multiple

@@ -47,6 +47,9 @@ def validate_model(config: RunConfig) -> None:
 def validate_layout(config: RunConfig, world_size: int) -> None:
     m, p, t = config.model, config.parallel, config.training
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    if m.padded_vocab_size is not None and m.padded_vocab_size % tp:
+        raise UserError(f"--padded-vocab-size {m.padded_vocab_size} must be divisible by "
+                        f"--tensor-model-parallel-size {tp} (the embedding is split by rows)")
     if m.ffn_hidden_size % tp:
         raise UserError(f"--tensor-model-parallel-size {tp} must divide --ffn-hidden-size")
     if m.num_layers % pp:

@@ -1,26 +1,73 @@
 #!/usr/bin/env bash
-# Multi-node under SLURM: one srun task per node, each starting torchrun with a c10d
-# rendezvous on the first node. Submit with, for example:
-#   sbatch --nodes=4 --gpus-per-node=8 scripts/launch_slurm.sh \
-#       --config configs/llama2_7b.yaml --gnmr --save /shared/runs/7b
-# Knobs (environment): GPUS_PER_NODE, MASTER_PORT, MAX_RESTARTS, PYTHON, NCCL_* as usual.
+# A SLURM job that survives its time limit and a lost node:
+#
+#   SAVE=/lustre/me/runs/llama-7b sbatch --nodes=2-4 scripts/launch_slurm.sh \
+#       --config configs/llama2_7b.yaml --tensor-model-parallel-size 8 ...
+#
+# - Time limit: SLURM sends USR1 to this script 3 minutes before it (`--signal=B:USR1@180`);
+#   the script passes SIGTERM to the training processes themselves (not to torchrun, which
+#   would kill them 30 s later), every rank saves at the end of its current step and exits 0
+#   (training/exit_signals.py), and the job requeues itself.
+# - A lost node: SLURM requeues the job (`--requeue`); it comes back on the nodes it gets
+#   (`--nodes=MIN-MAX`), and the resume reshards the torch_dist checkpoint (the default
+#   format) to the new data-parallel size: keep --global-batch-size a multiple of
+#   --micro-batch-size x every data-parallel size the job may come back with.
+# - Every launch resumes (`--resume auto`): the first one starts the run.
+# - A rank that dies while the nodes live: torchrun restarts the ranks from the last
+#   checkpoint (--max-restarts=$MAX_RESTARTS) within the allocation.
+# Knobs (environment): SAVE (required), GPUS_PER_NODE, PORT, MAX_RESTARTS, PYTHON, NCCL_*.
+# DRY_RUN=1 prints the launch command instead of running it (tests/test_launch_slurm.py).
+#
 #SBATCH --job-name=megatron-gnmr
+#SBATCH --nodes=2-4
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
-#SBATCH --output=%x-%j.out
+#SBATCH --time=04:00:00
+#SBATCH --signal=B:USR1@180
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=megatron-gnmr-%j.out
 set -euo pipefail
-cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
-GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
-MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}
-MASTER_PORT=${MASTER_PORT:-29500}
-MAX_RESTARTS=${MAX_RESTARTS:-3}  # a lost rank restarts the job from the last checkpoint
-PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
+
+: "${SAVE:?set SAVE=the run directory (checkpoints, logs); every launch resumes from it}"
+REPO=${REPO:-${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}}
+PYTHON=${PYTHON:-$( [ -x "$REPO/.venv/bin/python" ] && echo "$REPO/.venv/bin/python" || echo python )}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export NCCL_ASYNC_ERROR_HANDLING=${NCCL_ASYNC_ERROR_HANDLING:-1}
-echo "launch: ${SLURM_NNODES} nodes x ${GPUS_PER_NODE} GPUs, rendezvous ${MASTER_ADDR}:${MASTER_PORT}"
-srun --kill-on-bad-exit=1 "$PY" -m torch.distributed.run \
-  --nnodes="$SLURM_NNODES" --nproc_per_node="$GPUS_PER_NODE" \
-  --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \
-  --max-restarts="$MAX_RESTARTS" \
-  pretrain_llama.py "$@"
+NODES=${SLURM_JOB_NUM_NODES:?not inside a SLURM allocation (sbatch this script)}
+GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
+HEAD=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)
+PORT=${PORT:-29500}
+
+launch=(srun --kill-on-bad-exit=0 --ntasks-per-node=1
+        "$PYTHON" -m torch.distributed.run --nnodes="$NODES" --nproc_per_node="$GPUS_PER_NODE"
+        --rdzv_backend=c10d --rdzv_endpoint="$HEAD:$PORT" --rdzv_id="$SLURM_JOB_ID"
+        --max-restarts="$MAX_RESTARTS" "$REPO/pretrain_llama.py" "$@" --save "$SAVE" --resume auto)
+
+if [ -n "${DRY_RUN:-}" ]; then
+  printf '%q ' "${launch[@]}"
+  echo
+  exit 0
+fi
+
+echo "launch_slurm: job $SLURM_JOB_ID on $NODES node(s) x $GPUS_PER_NODE, restart" \
+     "${SLURM_RESTART_COUNT:-0}, run directory $SAVE"
+time_limit() {
+  echo "launch_slurm: the time limit is near: the ranks save at the end of this step"
+  # the training processes (torchrun starts them as `python -u pretrain_llama.py ...`)
+  srun --overlap --ntasks-per-node=1 pkill -TERM -f -- "-u $REPO/pretrain_llama.py" || true
+  scontrol requeue "$SLURM_JOB_ID"
+}
+trap time_limit USR1
+
+"${launch[@]}" &
+training=$!
+# `wait` returns early when a trapped signal arrives; wait again for the launch to finish
+status=0
+wait "$training" || status=$?
+while kill -0 "$training" 2>/dev/null; do
+  wait "$training" || status=$?
+done
+exit "$status"

@@ -21,6 +21,7 @@ from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.kept_high import kept_high
 from megatron_gnmr.training import checkpoint
+from megatron_gnmr.training.checkpoint_choice import choose
 from megatron_gnmr.training.finetune import load_adapters, load_weights, recorded_base
 from megatron_gnmr.training.resume import load_model_state
 
@@ -97,7 +98,15 @@ def load_run(run_dir: str, exact: bool = False) -> LoadedRun:
     plan = PrecisionPlan(all_recovery=exact or config.precision.precision_static == "recovery",
                          always=kept_high(config.precision, shape.names()))
     bind_precision(local_unit_modules(model, shape), config, plan)
-    choice = checkpoint.choose_checkpoint(str(directory))
+    choice = choose(str(directory))
+    if choice.format == "torch_dist":  # resharded to this launch, whatever its size
+        from megatron_gnmr.training.torch_dist import files, run
+
+        _check_recorded_shape(run_dir, config, files.read_manifest(choice.directory))
+        run.load_model_weights(model, choice.directory, f"evaluate {run_dir}")
+        for chunk in model:
+            chunk.eval()
+        return LoadedRun(directory, config, model, data, None)
     meta = checkpoint.read_meta(choice.directory)
     if meta.get("world_size") != torch.distributed.get_world_size():
         raise UserError(f"evaluate {run_dir}: its checkpoint was written by "
@@ -135,8 +144,14 @@ def _load_weights(model, directory: Path, meta: dict) -> Path | None:
             load_model_state(chunk, state)
         return None
     base = recorded_base(meta["lora"], f"evaluate {directory}")
-    checkpoint.choose_checkpoint(str(base))  # every rank checks its shard's sha256
-    base_shard = checkpoint.load_shard(base)
+    if choose(str(base)).format == "torch_dist":  # every rank checks its share of the files
+        from megatron_gnmr.training.torch_dist import run
+
+        run.load_model_weights(model, base, f"the base {base}")
+        for chunk, adapters in zip(model, shard["model"], strict=True):
+            load_adapters(chunk, adapters, f"evaluate {directory}")
+        return base.parent  # <run>/iter_*
+    base_shard = checkpoint.load_shard(base)  # hash-checked by `choose` above
     for chunk, state, adapters in zip(model, base_shard["model"], shard["model"], strict=True):
         load_weights(chunk, state, f"the base {base}")
         load_adapters(chunk, adapters, f"evaluate {directory}")

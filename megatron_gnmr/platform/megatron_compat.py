@@ -15,6 +15,7 @@ replacement below is written once.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from typing import Any
@@ -246,3 +247,69 @@ def tell_mla_whether_te_is_there() -> None:
 
     if multi_latent_attention.HAVE_TE and not te_extension.HAVE_TE:
         multi_latent_attention.HAVE_TE = False
+
+
+@contextlib.contextmanager
+def zero_adam_state(optimizer: Any):
+    """Within: every inner Adam that has not stepped yet holds a (zero) state, as after its
+    first step; after: none again. megatron's distributed optimizer builds the sharded state
+    dict a checkpoint is loaded into from its own state, and without apex or Transformer
+    Engine (a CPU machine) reads the step count from it (0.16 to 0.19
+    `DistributedOptimizer.state_dict`); its `load_state_dict` then allocates the state itself
+    when there is none, and only then. Nothing a run computes reads these zeros."""
+    import torch
+
+    filled = []
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if inner is None or len(inner.state):
+            continue
+        filled.append(inner)
+        for group in inner.param_groups:
+            for param in group["params"]:
+                inner.state[param] = {"step": torch.zeros((), dtype=torch.float32),
+                                      "exp_avg": torch.zeros_like(param),
+                                      "exp_avg_sq": torch.zeros_like(param)}
+    try:
+        yield
+    finally:
+        for inner in filled:
+            inner.state.clear()
+
+
+@functools.lru_cache(maxsize=None)
+def fix_torch_adam_reshard() -> None:
+    """megatron's fully reshardable distributed-optimizer load, with torch's own Adam (no
+    apex, no Transformer Engine: a CPU machine): its `load_state_dict` gives every parameter's
+    state a `step` (torch's Adam keeps one), then copies the checkpoint's per-parameter
+    tensors over that state key by key, and the checkpoint holds no per-parameter `step` (it
+    is saved once, in the parameter groups): a KeyError (0.16.1). The step is the one already
+    set, so the copy skips what the checkpoint does not hold. And that step is ONE tensor
+    shared by every parameter's state, which torch's Adam increments in place once per
+    parameter per step (the bias correction then runs ahead: a resume that is not exact), so
+    each parameter gets its own copy. With apex or TE, nothing is changed."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    if getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True):
+        return
+    cls = distrib_optimizer.DistributedOptimizer
+    original = cls._set_main_param_and_optimizer_states
+
+    def set_states(self, model_param, tensors):
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        state = self.optimizer.state[main_param]
+        if "step" in state and "step" not in tensors:
+            tensors = {**tensors, "step": state["step"]}
+        return original(self, model_param, tensors)
+
+    cls._set_main_param_and_optimizer_states = set_states
+    load = cls.load_state_dict
+
+    def load_state_dict(self, state_dict):
+        load(self, state_dict)
+        for state in self.optimizer.state.values():
+            if "step" in state:
+                state["step"] = state["step"].clone()
+
+    cls.load_state_dict = load_state_dict

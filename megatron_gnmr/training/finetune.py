@@ -7,8 +7,9 @@ into the fine-tune's settings, so a fine-tune's checkpoints name their base and 
 over another base is refused. With LoRA, a fine-tune's checkpoints hold the adapters only;
 the base is loaded again from --load on resume.
 
-Checkpoints are per-rank shards of a fixed layout, so the base must have been written by the
-same layout (TP, PP, EP and process count) and model shape as the fine-tune.
+A base in the torch format (per-rank shards of a fixed layout) must have been written by the
+same layout (TP, PP, EP and process count) and model shape as the fine-tune; a torch_dist base
+(the default format) only by the same model shape and vocabulary: it is resharded on load.
 """
 
 from __future__ import annotations
@@ -30,18 +31,34 @@ def is_adapter_key(key: str) -> bool:
     return ADAPTER in f".{key}"
 
 
+def _description(directory: Path) -> Path:
+    """The file that records every other file's sha256: meta.json (torch format) or the
+    torch_dist manifest."""
+    from megatron_gnmr.training.torch_dist.files import MANIFEST
+
+    meta = Path(directory) / "meta.json"
+    return meta if meta.is_file() else Path(directory) / MANIFEST
+
+
 def base_identity(directory: Path) -> dict:
-    """Where the base is and what it is: its meta.json's sha256 covers every shard's hash."""
-    meta = (Path(directory) / "meta.json").read_bytes()
-    return {"path": str(Path(directory).resolve()), "sha256": hashlib.sha256(meta).hexdigest()}
+    """Where the base is and what it is: the sha256 of its description, which covers every
+    file's hash."""
+    data = _description(directory).read_bytes()
+    return {"path": str(Path(directory).resolve()), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def check_base_fits(directory: Path, base: dict | None, current: dict) -> None:
-    """The base was written by this run's model shape and layout (per-rank shards)."""
+def check_base_fits(directory: Path, base: dict | None, current: dict,
+                    reshardable: bool = False) -> None:
+    """The base was written by this run's model shape and layout (per-rank shards; with
+    `reshardable`, a torch_dist base: the model shape and vocabulary only)."""
     if not isinstance(base, dict):
         raise UserError(f"--load {directory}: meta.json records no settings (written by an "
                         "older megatron-gnmr)")
+    from megatron_gnmr.training.resume_contract import RESHARDABLE
+
     for name, value in base_settings(current).items():
+        if reshardable and name in RESHARDABLE:
+            continue
         if base.get(name) != value and not recorded_as_default(base, name, value):
             raise UserError(f"--finetune --load {directory}: the base was written with {name} "
                             f"{base.get(name)!r}, this run has {value!r}; fine-tune with the "
@@ -52,7 +69,7 @@ def recorded_base(lora_meta: dict, who: str) -> Path:
     """The base a LoRA fine-tune's checkpoint names, refused if it is gone or has changed
     since (its meta.json, which records every shard's sha256, hashes differently)."""
     base = Path(lora_meta["base"]["path"])
-    if not (base / "meta.json").is_file() or \
+    if not _description(base).is_file() or \
             base_identity(base)["sha256"] != lora_meta["base"]["sha256"]:
         raise UserError(f"{who}: its base {base} is gone or has changed since the fine-tune "
                         "(the sha256 of its meta.json differs)")
@@ -61,7 +78,18 @@ def recorded_base(lora_meta: dict, who: str) -> Path:
 
 def load_base_weights(model_chunks, load: str, current_settings: dict) -> dict:
     """Collective: read the base's model weights into the chunks; returns its identity."""
-    choice = checkpoint.choose_checkpoint(load)
+    from megatron_gnmr.training.checkpoint_choice import choose
+
+    choice = choose(load)
+    if choice.format == "torch_dist":
+        from megatron_gnmr.training.torch_dist import files, run
+
+        manifest = files.read_manifest(choice.directory)
+        check_base_fits(choice.directory, manifest.get("settings"), current_settings,
+                        reshardable=True)
+        on_every_rank(lambda: run.load_model_weights(
+            model_chunks, choice.directory, f"--finetune --load {choice.directory}"))
+        return base_identity(choice.directory)
     meta = checkpoint.read_meta(choice.directory)
     if "lora" in meta:
         raise UserError(f"--finetune --load {choice.directory}: that is a LoRA run's "

@@ -40,6 +40,10 @@ def merge_run(run_dir: str, out: str) -> Path:
     adapters = [checkpoint.read_shard(directory, rank)["model"][0] for rank in range(world)]
     if lora.get("base"):  # an adapters-only fine-tune: the weights are its base's
         base_dir = recorded_base(lora, f"merge-lora {run_dir}")
+        if not (base_dir / "meta.json").is_file():
+            raise UserError(f"merge-lora {run_dir}: its base {base_dir} is a torch_dist "
+                            "checkpoint; merge-lora reads a base of per-rank shards (write the "
+                            "base with --ckpt-format torch, or evaluate the fine-tune as it is)")
         bases = [checkpoint.read_shard(base_dir, rank)["model"][0] for rank in range(world)]
     else:
         bases = adapters

@@ -9,7 +9,7 @@ run on the source layout, relative. A layout sums its partial products in anothe
 the two drift apart by float rounding; megatron-core's resharding itself is exact (the
 checkpoint's tensors are the source run's). Measured here (2-core Xeon, fp32): at most 3e-6
 over the 20 steps; the bound is 1e-4, and a resume that reshards wrongly (a shard put in
-the wrong place: `test_a_wrong_reshard_breaks_the_bound`) is off by more than 1e-2.
+the wrong place: `test_a_wrong_reshard_breaks_the_bound`) is off by 3e-3, 30 times the bound.
 """
 
 import os
@@ -42,7 +42,9 @@ CASES = {
     "tp2_to_tp1": (["--tensor-model-parallel-size", "2"], []),
     "pp1_to_pp2": ([], ["--pipeline-model-parallel-size", "2"]),
     "dp2_to_dp1_distopt": (["--use-distributed-optimizer"], ["--use-distributed-optimizer"]),
-    "ep2_to_ep1": ([*MOE, "--expert-model-parallel-size", "2"], MOE),
+    # an EP change reshards the expert optimizer state through the distributed optimizer
+    "ep2_to_ep1_distopt": ([*MOE, "--expert-model-parallel-size", "2",
+                            "--use-distributed-optimizer"], [*MOE, "--use-distributed-optimizer"]),
 }
 
 
@@ -107,7 +109,7 @@ def test_a_wrong_reshard_breaks_the_bound(resumed):
     again = train_losses(resumed / "tp2_to_tp1" / "misplaced")
     drift = max(abs(again[s] - straight[s]) / straight[s]
                 for s in range(FIRST + 1, FIRST + MORE + 1))
-    assert drift > 100 * BOUND, drift
+    assert drift > 10 * BOUND, drift
 
 
 def test_sigterm_mid_run_saves_that_step_and_exits_zero(tmp_path):
@@ -145,13 +147,12 @@ def test_sigterm_mid_run_saves_that_step_and_exits_zero(tmp_path):
 
 
 def _workers(launcher: int) -> list[int]:
-    """The training processes under a torchrun launch (its grandchildren)."""
-    children = lambda pid: [int(p) for p in subprocess.run(  # noqa: E731
-        ["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
-    found = []
-    for child in children(launcher):
-        found += children(child) or []
-    return found or children(launcher)
+    """The training processes a torchrun launch started (its children running the entry
+    point; not their own helper processes)."""
+    children = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True,
+                              text=True).stdout.split()
+    return [int(pid) for pid in children
+            if "pretrain_llama.py" in open(f"/proc/{pid}/cmdline").read()]
 
 
 def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path):

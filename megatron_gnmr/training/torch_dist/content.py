@@ -18,6 +18,7 @@ snapshot step (the first check after the resume is skipped), and the run says so
 
 from __future__ import annotations
 
+import contextlib
 import random
 from argparse import Namespace
 
@@ -27,11 +28,16 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from megatron_gnmr.model import unwrap
+from megatron_gnmr.platform.megatron_compat import zero_adam_state
 from megatron_gnmr.training.checkpoint import rng_state
 from megatron_gnmr.training.safe_state import from_plain, to_plain
 
 RANK_STATE = "megatron_gnmr/rank_state"
-SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
+# Megatron-LM's metadata for a reshardable optimizer: the fully reshardable form, and keys
+# that do not depend on how megatron chains its optimizers (dense and expert ones apart with
+# EP > 1, one optimizer with EP = 1)
+SHARDING = {"distrib_optim_sharding_type": "fully_reshardable",
+            "chained_optim_avoid_prefix": True}
 
 
 def layout(config) -> dict:
@@ -76,9 +82,10 @@ def megatron_args(config, step: int, padded_vocab_size: int) -> Namespace:
 def sharded_state(trainer, is_loading: bool, with_rank_state: bool) -> dict:
     """The sharded part (model, optimizer, this rank's own state)."""
     model = unwrap(trainer.model[0]).sharded_state_dict()  # as Megatron-LM: the bare model
-    state = {"model": model,
-             "optimizer": trainer.optimizer.sharded_state_dict(model, is_loading=is_loading,
-                                                                metadata=SHARDING)}
+    with zero_adam_state(trainer.optimizer) if is_loading else contextlib.nullcontext():
+        optimizer = trainer.optimizer.sharded_state_dict(model, is_loading=is_loading,
+                                                         metadata=SHARDING)
+    state = {"model": model, "optimizer": optimizer}
     if with_rank_state:
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         data = None if is_loading else to_plain({"rng": rng_state(),

@@ -16,10 +16,12 @@ from megatron.core import dist_checkpointing, parallel_state
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.model import unwrap
+from megatron_gnmr.platform.megatron_compat import fix_torch_adam_reshard
 from megatron_gnmr.training.torch_dist import content, files
 from megatron_gnmr.training.torch_dist.data_only import (
     CheckpointNotData,
     read_common,
+    read_index,
     reading_data_only,
 )
 
@@ -37,9 +39,44 @@ def _save_strategy():
         parallel_state.get_data_parallel_group(with_context_parallel=True))
 
 
+def _die_with_parent_and_survive_termination() -> None:
+    """In megatron's writer-results server process: it dies when the training process does
+    (a SIGKILLed rank leaves no process holding the job's output open), and a scheduler's
+    SIGTERM to the whole job leaves it alive until the rank it serves has saved."""
+    import ctypes
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the server outlives a killed parent, as megatron's does
+        pass
+
+
+def _start_writer_results_queue() -> None:
+    """megatron-core's torch_dist writer reports through a queue served by a spawned
+    `multiprocessing` manager, started on first use; start it here with the two properties
+    above (once per process), forked rather than spawned where the platform forks: a spawned
+    process imports the caller's `__main__` again, which a script run from stdin, or any that
+    starts training at import, does not survive (the server runs no torch)."""
+    import multiprocessing
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is not None:
+        return
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    manager = SyncManager(ctx=multiprocessing.get_context(method))
+    manager.start(initializer=_die_with_parent_and_survive_termination)
+    filesystem_async._results_queue = manager.Queue()
+
+
 def save(trainer, step: int, settings: dict, padded_vocab_size: int,
          flops_per_step: float, faults) -> Path:
     """Collective: this step's checkpoint in `--save`, published when complete."""
+    _start_writer_results_queue()
     root = trainer.run_dir
     staging = files.staging_directory(root, step) if torch.distributed.get_rank() == 0 \
         else Path(root) / f"iter_{step:07d}.tmp"
@@ -76,22 +113,25 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
     """Collective: the model, optimizer and run state of `directory` into this run (any
     layout; the scheduler is the caller's). Returns what could not be carried exactly, for
     the start notice."""
-    same_layout = saved["layout"] == content.layout(trainer.config)
+    fix_torch_adam_reshard()
+    now = content.layout(trainer.config)
+    same_layout = saved["layout"] == now
+    if load_optimizer and saved["layout"]["expert_model_parallel_size"] != \
+            now["expert_model_parallel_size"] and not (
+                saved["layout"]["use_distributed_optimizer"] and
+                now["use_distributed_optimizer"]):
+        raise UserError(f"--load {directory}: a resume that changes --expert-model-parallel-"
+                        f"size ({saved['layout']['expert_model_parallel_size']} -> "
+                        f"{now['expert_model_parallel_size']}) reshards the optimizer's expert "
+                        "state through the distributed optimizer: use "
+                        "--use-distributed-optimizer in both runs (or --no-load-optim)")
     state = content.sharded_state(trainer, is_loading=True, with_rank_state=same_layout)
     if not load_optimizer:
         del state["optimizer"]
-    try:
-        with reading_data_only():
-            loaded = dist_checkpointing.load(state, str(directory))
-    except CheckpointNotData as error:
-        raise UserError(f"--load {directory}: {error}; load an older checkpoint") from None
-    except Exception as error:  # megatron raises many kinds for a checkpoint that does not fit
-        line = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        raise UserError(f"--load {directory}: the checkpoint does not fit this model "
-                        f"({type(error).__name__}: {line})") from None
+    loaded = _read_as_data(state, directory, f"--load {directory}")
     unwrap(trainer.model[0]).load_state_dict(loaded["model"])
     if load_optimizer:
-        trainer.optimizer.load_state_dict(loaded["optimizer"])
+        trainer.optimizer.load_state_dict(_reconciled(loaded["optimizer"], state["optimizer"]))
     trainer.state.load_state_dict(saved["run_state"])
     trainer.controller.load_state_dict(saved["controller"])
     notes = []
@@ -115,6 +155,66 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
     return notes
 
 
+def _reconciled(loaded, runtime):
+    """The loaded optimizer state in the shape this run's optimizer has. megatron chains one
+    optimizer per parameter kind, dense and expert apart only with EP > 1, and saves each
+    one's parameter groups (with Adam's step count) in the common state in its own chain
+    shape; its sharded state (the moments, the main weights) is keyed per parameter and
+    loads into any shape. Where the shapes differ (EP 2 -> 1), this run's own groups are
+    taken, with the checkpoint's step count."""
+    if not isinstance(loaded, dict) or set(loaded) == set(runtime):
+        return loaded  # the same chain shape: megatron's own load
+    steps = {group["step"] for group in _groups(loaded) if "step" in group}
+
+    def shaped(saved, wanted):
+        if not isinstance(wanted, dict) or not isinstance(saved, dict):
+            return saved
+        kept = {key: value for key, value in saved.items()  # e.g. Adam's common step
+                if key not in wanted and not isinstance(key, int)}
+        return {**kept, **{key: shaped(saved[key], value) if key in saved else value
+                           for key, value in wanted.items()}}
+
+    reshaped = shaped(loaded, runtime)
+    if len(steps) == 1:
+        for group in _groups(reshaped):
+            if "step" in group:
+                group["step"] = next(iter(steps))
+    return reshaped
+
+
+def _groups(state) -> list[dict]:
+    """Every optimizer parameter group in a (possibly chained) optimizer state."""
+    if isinstance(state, dict):
+        if isinstance(state.get("param_groups"), list):
+            return [g for g in state["param_groups"] if isinstance(g, dict)]
+        return [g for value in state.values() for g in _groups(value)]
+    return []
+
+
+def _read_as_data(state: dict, directory: Path, source: str) -> dict:
+    """Collective: `dist_checkpointing.load` with the index and byte items read as data;
+    every failure is one line naming `source`."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with open(directory / ".metadata", "rb") as stream:  # here, not inside torch's
+            read_index(stream)  # collective, which turns the reason into a string
+        with reading_data_only():
+            return dist_checkpointing.load(state, str(directory))
+    except CheckpointNotData as error:
+        raise UserError(f"{source}: {error}; load an older checkpoint") from None
+    except (Exception, CheckpointException) as error:  # torch's is a BaseException
+        wrapped = [failure[0] for failure in getattr(error, "failures", {}).values()]
+        not_data = next((e for e in wrapped if isinstance(e, CheckpointNotData)), None)
+        if not_data is not None:
+            raise UserError(f"{source}: {not_data}; load an older checkpoint") from None
+        # megatron and torch raise many kinds for a checkpoint that does not fit
+        reason = wrapped[0] if wrapped else error
+        line = str(reason).strip().splitlines()[0][:200] if str(reason).strip() else ""
+        raise UserError(f"{source}: the checkpoint does not fit this model "
+                        f"({type(reason).__name__}: {line})") from None
+
+
 def _describe(layout: dict) -> str:
     return (f"TP={layout['tensor_model_parallel_size']} "
             f"PP={layout['pipeline_model_parallel_size']} "
@@ -125,13 +225,30 @@ def _describe(layout: dict) -> str:
 def load_model_weights(model_chunks, directory: Path, source: str) -> None:
     """Collective: only the model's weights (evaluation, a fine-tune's base), resharded."""
     state = {"model": unwrap(model_chunks[0]).sharded_state_dict()}
-    try:
-        with reading_data_only():
-            loaded = dist_checkpointing.load(state, str(directory))
-    except CheckpointNotData as error:
-        raise UserError(f"{source}: {error}") from None
-    except Exception as error:
-        line = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        raise UserError(f"{source}: the checkpoint does not fit this model "
-                        f"({type(error).__name__}: {line})") from None
+    loaded = _read_as_data(state, directory, source)
     unwrap(model_chunks[0]).load_state_dict(loaded["model"])
+
+
+def save_weights(model_chunks, root: str, settings: dict, config) -> Path:
+    """Collective: a checkpoint of the model's weights alone, as step 0 (`import-hf`): what
+    `--finetune --load` and evaluate read, resharded to their layout."""
+    from megatron_gnmr.training.run_state import RunState
+    from megatron_gnmr.training.safe_state import to_plain
+
+    _start_writer_results_queue()
+    staging = files.staging_directory(root, 0) if torch.distributed.get_rank() == 0 \
+        else Path(root) / f"iter_{0:07d}.tmp"
+    torch.distributed.barrier()
+    state = {"model": unwrap(model_chunks[0]).sharded_state_dict(),
+             "args": content.megatron_args(config, 0, unwrap(model_chunks[0])
+                                           .embedding.word_embeddings.weight.shape[0]
+                                           * config.parallel.tensor_model_parallel_size),
+             "checkpoint_version": 3.0, "iteration": 0,
+             "megatron_gnmr": to_plain({"run_state": RunState().state_dict(),
+                                        "layout": content.layout(config),
+                                        "settings": settings, "weights_only": True})}
+    dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy())
+    torch.distributed.barrier()
+    return files.finish(root, staging, 0, {"settings": settings,
+                                           "layout": content.layout(config),
+                                           "weights_only": True}, keep_last=1)
