@@ -1,6 +1,6 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
 compare-alarms, compare-signals, compare-closed-loop, compare-frontier, estimate-memory,
-calibrate, evaluate, merge-lora, dashboard, megatron-flags)."""
+calibrate, evaluate, merge-lora, dashboard, megatron-flags, export-hf, import-hf)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
         signal_comparison,
     )
     from megatron_gnmr.interop import flags_command
+    from megatron_gnmr.interop.hf import export as export_hf
+    from megatron_gnmr.interop.hf import importer as import_hf
     from megatron_gnmr.observe import dashboard, report
     from megatron_gnmr.training import merge_lora
 
@@ -50,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
         ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),
         ("merge-lora", merge_lora, "a LoRA run's adapters merged into its base's weights"),
         ("megatron-flags", flags_command, "how each Megatron-LM flag is read here"),
+        ("export-hf", export_hf, "a run as a Hugging Face transformers model directory"),
+        ("import-hf", import_hf, "a Hugging Face LLaMA as a checkpoint to fine-tune"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)

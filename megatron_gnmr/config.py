@@ -248,6 +248,9 @@ class TrainingConfig:
     """Resume without the optimizer's and the LR scheduler's state (Megatron-LM's meaning)."""
     no_load_rng: bool = False
     """Resume without the RNG state (re-derived from the seed, the step and the rank)."""
+    ckpt_step: Optional[int] = limit(None, ge=0)
+    """Load the checkpoint of this step from --load (Megatron-LM's meaning), and no other: a
+    missing or corrupt one is an error, not a fallback."""
     override_opt_param_scheduler: bool = False
     """On resume, this run's LR schedule flags win over the checkpoint's (Megatron-LM's)."""
     use_checkpoint_opt_param_scheduler: bool = False

@@ -80,9 +80,15 @@ def check_load(load: str | None) -> None:
     if not path.is_dir():
         raise UserError(f"--load {load}: is a file; give a run directory (--save of a run) or "
                         "one of its checkpoints/iter_* directories")
-    if not (path / "meta.json").is_file() and not (path / "checkpoints").is_dir():
-        raise UserError(f"--load {load}: not a run directory (no checkpoints/) nor a "
-                        "checkpoint (no meta.json)")
+    from megatron_gnmr.training.torch_dist import files as dist_files
+
+    is_run = (path / "checkpoints").is_dir() or (path / dist_files.TRACKER).is_file() or \
+        any(dist_files.is_complete(p) for p in path.glob("iter_*"))
+    is_checkpoint = (path / "meta.json").is_file() or dist_files.is_complete(path)
+    if not is_run and not is_checkpoint:
+        raise UserError(f"--load {load}: neither a run directory (checkpoints/, "
+                        f"{dist_files.TRACKER} or iter_*/) nor a checkpoint (meta.json or "
+                        f"{dist_files.MANIFEST})")
 
 
 def check_references(references: list[str]) -> None:

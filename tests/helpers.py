@@ -78,6 +78,24 @@ def train_losses(run_dir: Path) -> dict[int, float]:
             if "train/loss" in r}
 
 
+def saved_weight_shapes(run_dir: Path) -> dict[str, tuple[int, ...]]:
+    """The model tensors the run's newest checkpoint holds, name -> global shape, read from
+    its files (torch_dist's index as torch writes it; a torch format's rank-0 shard)."""
+    newest = sorted(Path(run_dir).glob("iter_*")) or \
+        sorted((Path(run_dir) / "checkpoints").glob("iter_*"))
+    if (newest[-1] / ".metadata").is_file():
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        index = FileSystemReader(str(newest[-1])).read_metadata()
+        return {k: tuple(v.size) for k, v in index.state_dict_metadata.items()
+                if isinstance(v, TensorStorageMetadata) and not k.startswith("optimizer.")}
+    import torch
+
+    shard = torch.load(newest[-1] / "rank_00000.pt", weights_only=True)["model"][0]
+    return {k: tuple(v.shape) for k, v in shard.items() if torch.is_tensor(v)}
+
+
 def trace_records(run_dir: Path) -> list[dict]:
     return [r for r in read_jsonl(run_dir / "gnmr_trace.jsonl") if r.get("type") != "header"]
 

@@ -106,7 +106,7 @@ def files(tmp_path_factory):
                   "--monitor-delta", "1", "--save", str(run)])
     truncated = root / "truncated"
     shutil.copytree(run, truncated)
-    shard = next((truncated / "checkpoints").glob("iter_*/rank_00000.pt"))
+    shard = next(truncated.glob("iter_*/*.distcp"))  # the default format's data file
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     return root
 
@@ -286,7 +286,7 @@ IN_PROCESS = {
     "data_cache_dir_is_a_file": (["--data-cache-dir", "{root}/a_file"], "--data-cache-dir"),
     "missing_checkpoint": (["--load", "{root}/no_run"], "--load"),
     "load_is_a_file": (["--load", "{root}/a_file"], "--load"),
-    "load_not_a_run": (["--load", "{root}"], "not a run directory"),
+    "load_not_a_run": (["--load", "{root}"], "neither a run directory"),
     "reused_save_directory": (["--save", "{root}/run"], "--resume auto"),
     "finetune_without_load": (["--finetune"], "--finetune"),
     "lora_unknown_target": (["--lora", "--lora-target-modules", "linear_q"],

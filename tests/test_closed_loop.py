@@ -1,63 +1,123 @@
-"""The closed-loop table (`megatron-gnmr compare-closed-loop`) on hand-made run summaries,
-and the scenario's every variant a valid run."""
+"""The closed-loop comparison (`megatron-gnmr compare-closed-loop`) on hand-made run
+summaries with every figure computed by hand; a run's summary from hand-made logs; Fisher's
+exact test against the hypergeometric tail written out; and the scenario's every arm a valid
+run."""
+
+import json
+import math
 
 import pytest
 
-from megatron_gnmr.experiments.closed_loop import variant_rows
+from megatron_gnmr.experiments.closed_loop import comparisons, outcomes, variant_rows
+from megatron_gnmr.experiments.closed_loop_runs import run_summary
+from megatron_gnmr.experiments.closed_loop_statistics import fisher_one_sided, harm_margin
 
 
-def summary(diverged_at=None, first_recovery=None, share=0.0, loss=4.0, steps=3000):
+def summary(diverged_at=None, first_recovery=None, share=0.0, loss=4.0, curve=None):
     return {"diverged_at": diverged_at, "first_recovery": first_recovery,
             "first_attention_alarm": first_recovery - 1 if first_recovery else None,
-            "recovered_unit_step_share": share, "final_train_loss": loss,
-            "steps": steps if diverged_at is None else diverged_at}
+            "recovered_share_of_executed_steps": share, "final_train_loss": loss,
+            "loss_every_25_steps": curve or {"25": 6.0, "50": 5.5}, "cpu": "test CPU",
+            "commits": ["abc"]}
+
+
+TABLE = {
+    "no-control": {1: summary(1000), 2: summary(1500), 3: summary(2000)},
+    "exact-attention": {1: summary(loss=3.9), 2: summary(loss=4.0), 3: summary(loss=4.1)},
+    "loop-no-budget": {1: summary(1100), 2: summary(1600), 3: summary(loss=4.2)},
+    # seed 1: saved (its twin died at 1100); seed 2: recovered after its twin died, died too;
+    # seed 3: lived, but 0.25 above exact attention's 4.1: harmed (the margin is 0.2)
+    "loop-early": {1: summary(None, 900, 0.3, loss=4.0, curve={"25": 6.0, "50": 5.5}),
+                   2: summary(1700, 1650, 0.1),
+                   3: summary(None, None, 0.0, loss=4.35)},
+}
+
+
+def test_the_margin_is_twice_the_exact_arms_spread():
+    assert harm_margin([3.9, 4.0, 4.1]) == pytest.approx(0.2)  # sample sd 0.1
+    assert outcomes(TABLE)["margin"] == pytest.approx(0.2)
 
 
 def test_the_table_by_hand():
-    table = {
-        "no-control": {1: summary(1000), 2: summary(1500), 3: summary(2000)},
-        "exact-attention": {1: summary(loss=3.9), 2: summary(loss=4.0), 3: summary(loss=4.1)},
-        "loop-no-budget": {1: summary(1100), 2: summary(1600), 3: summary()},
-        # seed 1: saved; seed 2: recovered after the twin died and died too; seed 3: never
-        # in danger
-        "loop-trend": {1: summary(None, 900, 0.3, loss=4.0), 2: summary(1700, 1650, 0.1),
-                       3: summary(None, None, 0.0, loss=4.3)},
-    }
-    rows = {row["variant"]: row for row in variant_rows(table)}
-    loop = rows["loop-trend"]
-    assert loop["diverged"] == "1 / 3" and loop["divergence steps"] == "- 1700 -"
-    assert loop["saved where its no-budget twin diverged"] == "1 / 2"
-    # recoveries against the uncontrolled run's divergence of the same seed: 900 < 1000,
-    # 1650 > 1500 (median lead of +100 and -150: -25)
-    assert loop["recovery before uncontrolled divergence"] == "1 / 2 (median lead -25)"
-    assert loop["unit-steps (= attention FLOPs) recovered"] == "13.3%"
-    # the gap to exact, paired by seed, over the runs that lived: 4.0-3.9, 4.3-4.1
-    gaps = loop["final loss gap to exact (runs that did not diverge)"]
-    assert gaps.startswith("+0.150 +- 0.071") and gaps.endswith("(n=2)")
+    rows = {row["arm"]: row for row in variant_rows(TABLE)}
+    loop = rows["loop-early"]
+    assert loop["diverged"] == "1 / 3"
+    assert loop["failed (diverged or harmed)"] == "2 / 3"  # seed 2 diverged, seed 3 harmed
+    assert loop["saved where its twin diverged"] == "1 / 2"  # the twin died on seeds 1, 2
+    # budget: shares 0.3, 0.1, 0.0: mean 13.3%, sd 0.1528 / sqrt(3) = 8.8%
+    assert loop["attention FLOPs exact (of the steps run)"] == "13.3% +- 8.8 (n=3)"
+    # leads over the twin's divergence: 1100 - 900 = 200, 1600 - 1650 = -50; median 75
+    assert loop["lead over the twin's divergence (median)"] == "75"
+    # gaps to exact of the seeds that lived: 0.10 and 0.25; mean 0.175, sd 0.106 / sqrt 2
+    assert loop["final loss gap to exact"] == "+0.175 +- 0.075 (n=2)"
+    assert loop["first recovery (median step)"] == "1275"
+    assert loop["follows its twin until its first recovery"] == "2 / 2"
     assert rows["no-control"]["diverged"] == "3 / 3"
+    assert rows["no-control"]["saved where its twin diverged"] == "-"
+    assert rows["loop-no-budget"]["failed (diverged or harmed)"] == "2 / 3"  # 4.2 - 4.1 < 0.2
 
 
-def test_every_variant_of_the_closed_loop_scenario_is_a_valid_run(tmp_path):
+def test_a_run_that_left_its_twin_before_recovering_is_counted():
+    table = {**TABLE, "loop-early": {**TABLE["loop-early"],
+                                     1: summary(None, 900, 0.3, curve={"25": 6.0, "50": 5.4})}}
+    row = next(r for r in variant_rows(table) if r["arm"] == "loop-early")
+    assert row["follows its twin until its first recovery"] == "1 / 2"
+
+
+def test_the_comparisons_by_hand():
+    rows = {(r["loop"], r["against"]): r for r in comparisons(TABLE)}
+    # failed 2/3 vs 3/3: 5 failures in 6 runs; P(X <= 2) = C(3,2) C(3,3) / C(6,5) = 0.5
+    assert rows[("loop-early", "no-control")]["failed"] == "2/3 vs 3/3, p = 0.5"
+    # diverged 1/3 vs 3/3: 4 in 6; P(X <= 1) = C(3,1) C(3,3) / C(6,4) = 3 / 15
+    assert rows[("loop-early", "no-control")]["diverged"] == "1/3 vs 3/3, p = 0.2"
+    assert ("loop-early", "exact-attention") not in rows
+
+
+@pytest.mark.parametrize("a, n_a, b, n_b", [(0, 16, 14, 16), (3, 10, 5, 12), (2, 2, 0, 3)])
+def test_fisher_is_the_hypergeometric_lower_tail(a, n_a, b, n_b):
+    total = a + b
+    tail = sum(math.comb(n_a, k) * math.comb(n_b, total - k)
+               for k in range(0, a + 1) if 0 <= total - k <= n_b) / math.comb(n_a + n_b, total)
+    assert fisher_one_sided(a, n_a, b, n_b) == pytest.approx(tail, rel=1e-12)
+
+
+def test_a_run_summary_from_its_logs(tmp_path):
+    """Two core attentions; the decision of step s is the recovery set of step s + 1. Unit 0
+    recovers in steps 3, 4 and 6, unit 1 in step 4: 4 unit-steps of 2 x 6 run."""
+    run = tmp_path / "loop-early-seed1"
+    run.mkdir()
+    losses = [6.0, 5.0, 4.8, 4.7, 4.6, 4.5]
+    (run / "metrics.jsonl").write_text("\n".join(
+        [json.dumps({"step": s + 1, "train/loss": loss}) for s, loss in enumerate(losses)] +
+        [json.dumps({"step": 2, "event": "alarm", "layer": 1, "signal": "attention_error",
+                     "detector": "threshold", "value": 0.7})]))
+    units = ["layers.0.self_attention.core_attention", "layers.1.self_attention.core_attention"]
+    decisions = {2: [0], 3: [0, 1], 5: [0], 6: [1]}  # step 6's decision has no step 7
+    (run / "gnmr_trace.jsonl").write_text("\n".join(
+        [json.dumps({"type": "header", "units": units})] +
+        [json.dumps({"step": s, "recovery": decisions.get(s, [])}) for s in range(1, 7)]))
+    (run / "summary.json").write_text("{}")
+    result = run_summary(run)
+    assert result["steps"] == 6 and result["diverged_at"] is None and result["finished"]
+    assert result["recoveries"] == {units[0]: [[3, 4], [6, 6]], units[1]: [[4, 4]]}
+    assert result["first_recovery"] == 3
+    assert result["recovered_share_of_executed_steps"] == pytest.approx(4 / 12)
+    assert result["final_train_loss"] == pytest.approx(sum(losses) / 6)
+    assert result["first_attention_alarm"] == 2
+    assert result["loss_every_25_steps"] == {"6": 4.5}
+
+
+def test_every_arm_of_the_closed_loop_scenario_is_a_valid_run(tmp_path):
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.experiments.scenario import load_scenario
     from megatron_gnmr.validation import validate
 
     scenario = load_scenario("attention_closed_loop")
-    assert len(scenario.seeds) >= 8
+    assert len(scenario.seeds) >= 16
     for variant, seed, flags in scenario.runs(smoke=False):
         config = parse_config([*flags, "--save", str(tmp_path / f"{variant}-{seed}")])
         validate(config, world_size=1)  # (reproduce gives each run its --save)
         assert config.training.stop_on_divergence
         assert config.precision.attention_precision == "fp8"
-        if config.gnmr.enabled:  # the same budget bound and units for every rule
+        if config.gnmr.enabled:  # the same units for every rule
             assert config.gnmr.units == "core_attention", variant
-
-
-@pytest.mark.parametrize("variant", ["loop-trend"])
-def test_the_loops_act_on_the_monitor_alone(variant):
-    from megatron_gnmr.arguments import parse_config
-    from megatron_gnmr.experiments.scenario import load_scenario
-
-    scenario = load_scenario("attention_closed_loop")
-    config = parse_config([*scenario.base, *scenario.variants[variant]])
-    assert config.gnmr.signals == "monitor" and config.monitor.monitors == "attention"

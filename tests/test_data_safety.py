@@ -22,42 +22,51 @@ from tests.helpers import (
 )
 
 FAST = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "1"]
+# The per-rank format's own files are under test here (torch_dist's: test_dist_checkpoint_*)
+TORCH = [*FAST, "--ckpt-format", "torch"]
+# Where each format keeps its checkpoints, and how it names the newest one
+ROOT = {"torch": "checkpoints", "torch_dist": "."}
 
 
-def checkpoints(run: Path) -> list[str]:
-    return sorted(p.name for p in (run / "checkpoints").glob("iter_*"))
+def checkpoints(run: Path, form: str = "torch") -> list[str]:
+    return sorted(p.name for p in (run / ROOT[form]).glob("iter_*"))
 
 
-def latest(run: Path) -> str:
+def latest(run: Path, form: str = "torch") -> str:
+    if form == "torch_dist":  # Megatron-LM's tracker file holds the step
+        return f"iter_{int((run / 'latest_checkpointed_iteration.txt').read_text()):07d}"
     return (run / "checkpoints" / "latest").read_text()
 
 
-def test_a_reused_save_directory_keeps_every_checkpoint(tmp_path, capfd):
+@pytest.mark.parametrize("form", ["torch", "torch_dist"])
+def test_a_reused_save_directory_keeps_every_checkpoint(tmp_path, capfd, form):
     """A 12-step run saves 6 and 12; a shorter run into the same directory is refused unless
     it says what it wants, and one that loads step 6 and saves step 9 prunes nothing newer
     and leaves `latest` naming a checkpoint that exists. `--overwrite` starts over."""
     run = tmp_path / "run"
-    assert pretrain_in_process([*FAST, "--train-iters", "12", "--save-interval", "6",
+    args = [*FAST, "--ckpt-format", form]
+    assert pretrain_in_process([*args, "--train-iters", "12", "--save-interval", "6",
                                 "--save", str(run)]) == 0
-    assert checkpoints(run) == ["iter_0000006", "iter_0000012"]
+    assert checkpoints(run, form) == ["iter_0000006", "iter_0000012"]
     capfd.readouterr()
-    assert pretrain_in_process([*FAST, "--train-iters", "5", "--save", str(run)]) == 2
+    assert pretrain_in_process([*args, "--train-iters", "5", "--save", str(run)]) == 2
     assert "--resume auto" in capfd.readouterr().err
-    assert checkpoints(run) == ["iter_0000006", "iter_0000012"] and latest(run) == "iter_0000012"
-    assert pretrain_in_process([*FAST, "--train-iters", "12", "--exit-interval", "9",
+    assert checkpoints(run, form) == ["iter_0000006", "iter_0000012"]
+    assert latest(run, form) == "iter_0000012"
+    assert pretrain_in_process([*args, "--train-iters", "12", "--exit-interval", "9",
                                 "--keep-last", "2", "--load",
-                                str(run / "checkpoints" / "iter_0000006"), "--save",
+                                str(run / ROOT[form] / "iter_0000006"), "--save",
                                 str(run)]) == 0
-    assert checkpoints(run) == ["iter_0000006", "iter_0000009", "iter_0000012"]
-    assert latest(run) == "iter_0000009"
+    assert checkpoints(run, form) == ["iter_0000006", "iter_0000009", "iter_0000012"]
+    assert latest(run, form) == "iter_0000009"
     capfd.readouterr()
-    assert pretrain_in_process([*FAST, "--train-iters", "12", "--resume", "auto", "--save",
+    assert pretrain_in_process([*args, "--train-iters", "12", "--resume", "auto", "--save",
                                 str(run)]) == 0
     out = capfd.readouterr().out
     assert "[resumed]" in out and "iter_0000009" in out
-    assert pretrain_in_process([*FAST, "--train-iters", "2", "--overwrite", "--save",
+    assert pretrain_in_process([*args, "--train-iters", "2", "--overwrite", "--save",
                                 str(run)]) == 0
-    assert checkpoints(run) == ["iter_0000002"]
+    assert checkpoints(run, form) == ["iter_0000002"]
     assert max(train_losses(run)) == 2 and len(train_losses(run)) == 2
 
 
@@ -73,7 +82,7 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path, capfd):
     """A shard whose pickle would create a file, with a meta.json that vouches for its size
     and hash: loading it is refused and creates nothing."""
     run = tmp_path / "run"
-    assert pretrain_in_process([*FAST, "--train-iters", "4", "--exit-interval", "2",
+    assert pretrain_in_process([*TORCH, "--train-iters", "4", "--exit-interval", "2",
                                 "--save", str(run)]) == 0
     directory = run / "checkpoints" / "iter_0000002"
     marker = tmp_path / "pwned"
@@ -85,7 +94,7 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path, capfd):
                                        "sha256": hashlib.sha256(data).hexdigest()}
     (directory / "meta.json").write_text(json.dumps(meta))
     capfd.readouterr()
-    assert pretrain_in_process([*FAST, "--train-iters", "4", "--resume", "auto", "--save",
+    assert pretrain_in_process([*TORCH, "--train-iters", "4", "--resume", "auto", "--save",
                                 str(run)]) == 2
     assert "cannot be read as a checkpoint" in capfd.readouterr().err
     assert not marker.exists()
@@ -95,7 +104,7 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path, capfd):
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, capfd):
     run = tmp_path / "run"
-    assert pretrain_in_process([*FAST, "--train-iters", "6", "--exit-interval", "4",
+    assert pretrain_in_process([*TORCH, "--train-iters", "6", "--exit-interval", "4",
                                 "--save-interval", "2", "--keep-last", "3",
                                 "--save", str(run)]) == 0
     newest = run / "checkpoints" / "iter_0000004" / "rank_00000.pt"
@@ -103,7 +112,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
     data[len(data) // 2] ^= 0xFF  # same size, one bit flipped: only the hash can tell
     newest.write_bytes(bytes(data))
     capfd.readouterr()
-    assert pretrain_in_process([*FAST, "--train-iters", "6", "--save-interval", "2",
+    assert pretrain_in_process([*TORCH, "--train-iters", "6", "--save-interval", "2",
                                 "--keep-last", "3", "--resume", "auto", "--save",
                                 str(run)]) == 0
     warnings = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "warning"]
@@ -203,7 +212,7 @@ def test_nan_without_the_controller_stops_with_the_last_good_checkpoint(tmp_path
     update is not applied, the run stops (exit 3), the last good checkpoint is intact, and
     torchrun's restart attempt does not train into the same stop again."""
     run = tmp_path / "run"
-    result = run_pretrain([*FAST, "--train-iters", "8", "--save-interval", "2",
+    result = run_pretrain([*TORCH, "--train-iters", "8", "--save-interval", "2",
                            "--inject-nonfinite", "5:layers.0.mlp.linear_fc1",
                            "--resume", "auto", "--save", str(run)], check=False,
                           torchrun_args=["--max-restarts=1"])

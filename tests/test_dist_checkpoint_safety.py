@@ -179,3 +179,18 @@ def _our_weights(run: Path, tmp_path: Path) -> dict:
                 if not k.endswith("_extra_state")}
     finally:
         distributed.shutdown()
+
+
+def test_ckpt_step_loads_that_step_or_says_which_exist(two_checkpoints, capfd):
+    """Megatron-LM's --ckpt-step: that step's checkpoint, not the newest; a step with no
+    checkpoint is refused naming the steps there (never a silent fallback)."""
+    run, again = two_checkpoints, two_checkpoints.parent / "again"
+    capfd.readouterr()
+    assert pretrain_in_process([*FAST, "--train-iters", "6", "--load", str(run),
+                                "--ckpt-step", "3", "--save", str(again)]) == 2
+    errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--ckpt-step 3" in errors[0] and "2, 4" in errors[0]
+    assert pretrain_in_process([*FAST, "--train-iters", "6", "--load", str(run),
+                                "--ckpt-step", "2", "--save", str(again)]) == 0
+    resumed = [r for r in read_jsonl(again / "metrics.jsonl") if r.get("event") == "resumed"]
+    assert resumed[0]["path"].endswith("iter_0000002") and sorted(train_losses(again)) == [3, 4, 5, 6]

@@ -248,12 +248,12 @@ def finetuned(tmp_path_factory):
 
 
 def test_a_finetune_checkpoint_holds_the_adapters_and_names_its_base(finetuned):
-    base_iter = finetuned / "base" / "checkpoints" / "iter_0000004"
+    base_iter = finetuned / "base" / "iter_0000004"  # the base: torch_dist, the default
     iteration = finetuned / "straight" / "checkpoints" / "iter_0000006"
     meta = json.loads((iteration / "meta.json").read_text())
-    assert meta["lora"]["base"] == {
+    assert meta["lora"]["base"] == {  # the base's manifest records every file's sha256
         "path": str(base_iter.resolve()),
-        "sha256": hashlib.sha256((base_iter / "meta.json").read_bytes()).hexdigest()}
+        "sha256": hashlib.sha256((base_iter / "megatron_gnmr.json").read_bytes()).hexdigest()}
     shard = torch.load(iteration / "rank_00000.pt", weights_only=True)
     keys = list(shard["model"][0])
     assert len(keys) == 16 and all(".adapter.linear_" in k for k in keys)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, TINY, read_jsonl
+from tests.helpers import REPO, TINY, read_jsonl, saved_weight_shapes
 
 HF = REPO / "tests" / "fixtures" / "megatron_preprocess" / "tokenizers" / "huggingface"
 CORPUS = REPO / ".cache" / "megatron_gnmr" / "corpora" / "shakespeare"
@@ -129,12 +129,8 @@ def test_per_split_paths_train_and_validate_on_their_own_data(blend, tmp_path):
 def test_mock_data_with_a_null_tokenizer_pads_the_vocabulary_as_megatron_lm(tmp_path):
     """NullTokenizer --vocab-size 1000: 1001 ids (the eod is id 1000), padded to a multiple of
     128 x TP = 1024 embedding rows, as Megatron-LM's _vocab_size_with_padding gives."""
-    import torch
-
     run = tmp_path / "run"
     _train([*TINY, "--train-iters", "3", "--eval-interval", "100", "--mock-data",
             "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--save", str(run)])
-    shard = next((run / "checkpoints").glob("iter_*/rank_00000.pt"))
-    weights = torch.load(shard, weights_only=True)["model"][0]
-    embedding = next(v for k, v in weights.items() if k.endswith("word_embeddings.weight"))
-    assert embedding.shape[0] == 1024
+    shapes = saved_weight_shapes(run)
+    assert next(v for k, v in shapes.items() if k.endswith("word_embeddings.weight"))[0] == 1024

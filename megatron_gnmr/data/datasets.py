@@ -80,9 +80,20 @@ def run_tokenizer(data: DataConfig, plan: DataPlan | None) -> TextTokenizer:
                            data.vocab_size)
 
 
+def tokenizer_of(data: DataConfig) -> TextTokenizer:
+    """The run's tokenizer alone: the one its flags name, else its prepared corpus's."""
+    if data.tokenizer_type is not None:
+        return run_tokenizer(data, plan_from(data))
+    return resolve_data(data).tokenizer
+
+
 def resolve_data(data: DataConfig) -> DataSource:
     """The data and tokenizer for this run (after `prepare_default_data`)."""
     plan = plan_from(data)
+    if plan is None and data.tokenizer_type is not None:  # an imported model: no data of its
+        raise UserError(f"the model's tokenizer (--tokenizer-type {data.tokenizer_type}) "
+                        "reads data you give: --data-path (a prepared corpus brings its own "
+                        "tokenizer)")
     if plan is None:
         prepared = prepare_data(data.data_cache_dir, data.vocab_size, quiet=True,
                                 corpus=data.corpus, tokenizer_corpus=data.tokenizer_corpus)

@@ -102,6 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "run's --seed reproduces its own validation)")
     parser.add_argument("--context-tokens", type=int, default=96)
     parser.add_argument("--continuation-tokens", type=int, default=32)
+    parser.add_argument("--data-path", nargs="+", default=None, metavar="PREFIX",
+                        help="held-out text from these indexed files (a blend in Megatron-LM's "
+                        "form, tokenized with the run's tokenizer) instead of the run's own "
+                        "data: what an imported model (import-hf) is evaluated on")
     parser.add_argument("--exact", action="store_true", help="every unit on the recovery path "
                         "(default: the run's low-cost path, the precision it would deploy in)")
 
@@ -123,7 +127,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.context_tokens + args.continuation_tokens > config.model.seq_length + 1:
         raise UserError(f"--context-tokens + --continuation-tokens must be at most the run's "
                         f"--seq-length + 1 ({config.model.seq_length + 1})")
-    results = evaluate(load_run(args.run_dir, args.exact), tasks, args)
+    results = evaluate(load_run(args.run_dir, args.exact, getattr(args, "data_path", None)),
+                       tasks, args)
     from megatron_gnmr.training.distributed import is_logging_rank, shutdown
 
     if is_logging_rank():

@@ -14,7 +14,7 @@ import torch
 
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.controller.units import UnitShape, local_unit_modules
-from megatron_gnmr.data.datasets import DataSource, build_datasets, resolve_data
+from megatron_gnmr.data.datasets import DataSource, build_datasets, resolve_data, tokenizer_of
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.model import bind_precision, build_model
 from megatron_gnmr.platform.device import run_device
@@ -22,7 +22,12 @@ from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.kept_high import kept_high
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.checkpoint_choice import choose
-from megatron_gnmr.training.finetune import load_adapters, load_weights, recorded_base
+from megatron_gnmr.training.finetune import (
+    is_adapter_key,
+    load_adapters,
+    load_weights,
+    recorded_base,
+)
 from megatron_gnmr.training.resume import load_model_state
 
 BATCH = 32  # sequences per forward pass
@@ -83,8 +88,26 @@ class LoadedRun:
         return valid
 
 
-def load_run(run_dir: str, exact: bool = False) -> LoadedRun:
-    """Collective (every rank of the launch): the run's model with its trained weights."""
+def _held_out_data(config: RunConfig, data_path: list[str] | None) -> DataSource:
+    """The run's own data, or the indexed files of `data_path` (a blend in Megatron-LM's
+    form) read with the run's tokenizer: an imported model has no data of its own."""
+    if not data_path:
+        return resolve_data(config.data)
+    from megatron_gnmr.data.indexed import check_indexed_dataset
+    from megatron_gnmr.data.sources import check_prefixes, plan_from
+
+    tokenizer = tokenizer_of(config.data)
+    config.data.data_path = list(data_path)
+    plan = plan_from(config.data)
+    for prefix in dict.fromkeys(plan.prefixes):
+        check_indexed_dataset(prefix, flag="--data-path")
+    check_prefixes(plan, tokenizer.vocab_size)
+    return DataSource(plan, None, tokenizer, None)
+
+
+def load_run(run_dir: str, exact: bool = False, data_path: list[str] | None = None) -> LoadedRun:
+    """Collective (every rank of the launch): the run's model with its trained weights (and
+    its held-out data: its own, or `data_path`'s)."""
     from megatron_gnmr.training import distributed
 
     directory = Path(run_dir)
@@ -92,7 +115,7 @@ def load_run(run_dir: str, exact: bool = False) -> LoadedRun:
     if config.parallel.pipeline_model_parallel_size > 1:
         raise UserError(f"evaluate {run_dir}: pipeline-parallel runs are not supported yet")
     distributed.initialize(config)
-    data = resolve_data(config.data)
+    data = _held_out_data(config, data_path)
     model = build_model(config, data.tokenizer.vocab_size)
     shape = UnitShape.of(config)
     plan = PrecisionPlan(all_recovery=exact or config.precision.precision_static == "recovery",
@@ -147,7 +170,7 @@ def _load_weights(model, directory: Path, meta: dict) -> Path | None:
     if choose(str(base)).format == "torch_dist":  # every rank checks its share of the files
         from megatron_gnmr.training.torch_dist import run
 
-        run.load_model_weights(model, base, f"the base {base}")
+        run.load_model_weights(model, base, f"the base {base}", not_in_checkpoint=is_adapter_key)
         for chunk, adapters in zip(model, shard["model"], strict=True):
             load_adapters(chunk, adapters, f"evaluate {directory}")
         return base.parent  # <run>/iter_*

@@ -1,78 +1,39 @@
-"""`megatron-gnmr compare-closed-loop SCENARIO`: did the controller save the runs that die?
+"""`megatron-gnmr compare-closed-loop SCENARIO`: did the controller save the runs that die, at
+what cost, and better than the same budget spent otherwise?
 
-For a fault scenario whose runs stop once diverged (`attention_closed_loop`): per run, a
-compact summary (divergence step, first alarm, first recovery, share of unit-steps and of
-the units' FLOPs on the recovery path, final losses, the machine it ran on), gathered
-under `--summaries DIR` (`run_summaries.py`; committed to the repository: the tables are
-rebuilt from it without the run directories or checkpoints).
-Then per variant: runs diverged / runs, alarm and recovery steps against the divergence step
-of the uncontrolled run of the same seed, the recovered shares, and the final loss gap to the
-exact-attention run of the same seed (runs that did not diverge).
-
-Pairing by seed is only as good as the trajectories are equal: every controlled variant's
-first recovery is compared with its budget-0 twin (`loop-no-budget`, the same code path and
-trajectory until then) as well as with the uncontrolled run.
+Per run, a compact summary is written once under `--summaries DIR` (committed: the tables and
+the plot are rebuilt from the repository alone; `closed_loop_runs.py`). Per arm:
+- diverged: the divergence rule of section 3 (the 20-step mean loss 20% above its running
+  minimum); failed: diverged, or harmed: its final loss (mean of the last 300 steps) above
+  exact attention's of the same seed by more than `closed_loop_statistics.harm_margin`;
+- saved: runs that lived where the no-budget twin of the same seed (`loop-no-budget`, the
+  same code path and trajectory until a recovery) diverged;
+- the budget: the share of the core attentions' unit-steps (= their FLOPs: the units cost
+  alike) run exact, over the steps each run actually ran, mean and standard error over runs;
+- the final loss gap to exact attention of the same seed (runs that did not diverge), mean and
+  standard error;
+- that a controlled run followed its twin until its first recovery, at every 25th step.
+Then Fisher's exact test, one-sided, of each loop's failures (and divergences) against each
+other arm's, and a plot of every seed's loss curves.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 from pathlib import Path
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.experiments.closed_loop_runs import run_summary
+from megatron_gnmr.experiments.closed_loop_statistics import (
+    fisher_one_sided,
+    harm_margin,
+    mean_and_standard_error,
+)
 from megatron_gnmr.experiments.run_summaries import add_location_arguments, collect, locations
-from megatron_gnmr.experiments.tables import divergence_step, first_step
-from megatron_gnmr.jsonl import read_jsonl
 
-UNCONTROLLED, EXACT = "no-control", "exact-attention"
-TWIN = "loop-no-budget"
-TAIL_STEPS = 300  # the final loss: mean training loss over the last 300 steps
-
-
-def cpu_name() -> str:
-    """The CPU's model name (runs are bitwise reproducible on one CPU only)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or platform.machine()
-
-
-def run_summary(run_dir: Path) -> dict:
-    """What one run contributes (from its metrics.jsonl and gnmr_trace.jsonl)."""
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    losses = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    trace_path = run_dir / "gnmr_trace.jsonl"
-    trace = [r for r in read_jsonl(trace_path) if r.get("type") != "header"] \
-        if trace_path.is_file() else []
-    header = next((r for r in read_jsonl(trace_path) if r.get("type") == "header"), {}) \
-        if trace_path.is_file() else {}
-    units = header.get("units", [])
-    recovered = sum(len(r["recovery"]) for r in trace)
-    first_recovery = next((r["step"] + 1 for r in trace if r["recovery"]), None)
-    valid = [r["valid/loss"] for r in records if "valid/loss" in r]
-    tail = [loss for step, loss in losses[-TAIL_STEPS:]]
-    return {
-        "run": run_dir.name,
-        "finished": bool(summary),
-        "steps": losses[-1][0] if losses else 0,
-        "diverged_at": divergence_step(records),
-        "first_attention_alarm": first_step(
-            records, lambda r: r.get("event") == "alarm" and r.get("monitor") == "attention"),
-        "alarms": sum(1 for r in records if r.get("event") == "alarm"),
-        "first_recovery": first_recovery,  # the step that first ran a unit's recovery path
-        # every unit here is a core attention of the same cost: the unit-step share is also
-        # the share of the units' FLOPs
-        "recovered_unit_step_share": recovered / (len(trace) * len(units))
-        if trace and units else 0.0,
-        "final_train_loss": statistics.fmean(tail) if tail else None,
-        "final_valid_loss": valid[-1] if valid else None,
-        "cpu": cpu_name(),
-    }
+UNCONTROLLED, EXACT, TWIN = "no-control", "exact-attention", "loop-no-budget"
+LOOPS = ("loop-early", "loop-early-cycle", "loop-trend")
 
 
 def _median(values) -> str:
@@ -80,75 +41,169 @@ def _median(values) -> str:
     return f"{statistics.median(values):.0f}" if values else "-"
 
 
-def _mean_std(values) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
+def _mean_se(values, percent: bool = False) -> str:
+    result = mean_and_standard_error([v for v in values if v is not None])
+    if result is None:
         return "-"
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):+.3f} +- {spread:.3f} (n={len(values)})"
+    mean, error = result
+    n = len([v for v in values if v is not None])
+    if percent:
+        return f"{100 * mean:.1f}% +- {100 * error:.1f} (n={n})"
+    return f"{mean:+.3f} +- {error:.3f} (n={n})"
+
+
+def outcomes(table: dict[str, dict[int, dict]]) -> dict[str, dict[int, dict]]:
+    """Per variant and seed: diverged, harmed, gap to exact (needs the exact arm)."""
+    exact = table.get(EXACT, {})
+    finals = [r["final_train_loss"] for r in exact.values() if r["diverged_at"] is None]
+    margin = harm_margin(finals) if len(finals) > 1 else None
+    out = {}
+    for variant, runs in table.items():
+        out[variant] = {}
+        for seed, run in runs.items():
+            gap = None
+            if run["diverged_at"] is None and seed in exact and \
+                    exact[seed]["diverged_at"] is None:
+                gap = run["final_train_loss"] - exact[seed]["final_train_loss"]
+            harmed = gap is not None and margin is not None and gap > margin
+            out[variant][seed] = {"diverged": run["diverged_at"] is not None,
+                                  "harmed": harmed, "gap": gap,
+                                  "failed": run["diverged_at"] is not None or harmed}
+    return {"margin": margin, **out}
+
+
+def follows_twin(run: dict, twin: dict | None) -> bool | None:
+    """The run's loss equals its twin's at every 25th step before its first recovery."""
+    if twin is None or run["first_recovery"] is None:
+        return None
+    a, b = run["loss_every_25_steps"], twin["loss_every_25_steps"]
+    shared = [s for s in a if s in b and int(s) < run["first_recovery"]]
+    return bool(shared) and all(a[s] == b[s] for s in shared)
 
 
 def variant_rows(table: dict[str, dict[int, dict]]) -> list[dict]:
-    uncontrolled = table.get(UNCONTROLLED, {})
-    exact = table.get(EXACT, {})
+    verdicts = outcomes(table)
     twin = table.get(TWIN, {})
     rows = []
     for variant, runs in table.items():
-        leads = [uncontrolled[seed]["diverged_at"] - run["first_recovery"]
-                 for seed, run in runs.items() if run["first_recovery"] is not None
-                 and uncontrolled.get(seed, {}).get("diverged_at") is not None]
-        gaps = [run["final_train_loss"] - exact[seed]["final_train_loss"]
-                for seed, run in runs.items() if run["diverged_at"] is None
-                and run["steps"] == exact.get(seed, {}).get("steps")]
-        shares = [r["recovered_unit_step_share"] for r in runs.values()]
-        # every --gnmr variant runs its twin's code path, step for step, until its first
-        # recovery: where the twin died, did this run live?
-        twin_died = [seed for seed in runs if twin.get(seed, {}).get("diverged_at") is not None]
-        saved = [seed for seed in twin_died if runs[seed]["diverged_at"] is None]
+        result = verdicts[variant]
+        leads = [twin[s]["diverged_at"] - r["first_recovery"] for s, r in runs.items()
+                 if r["first_recovery"] is not None and twin.get(s, {}).get("diverged_at")]
+        twin_died = [s for s in runs if twin.get(s, {}).get("diverged_at") is not None]
+        saved = [s for s in twin_died if not result[s]["diverged"]]
+        checks = [follows_twin(r, twin.get(s)) for s, r in runs.items()]
+        checks = [c for c in checks if c is not None]
         rows.append({
-            "variant": variant,
-            "diverged": f"{sum(r['diverged_at'] is not None for r in runs.values())} / "
-                        f"{len(runs)}",
-            "divergence steps": " ".join(str(runs[s]["diverged_at"] or "-")
-                                         for s in sorted(runs)),
-            "first alarm (median)": _median(r["first_attention_alarm"] for r in runs.values()),
-            "first recovery (median)": _median(r["first_recovery"] for r in runs.values()),
-            "recovery before uncontrolled divergence": f"{sum(lead > 0 for lead in leads)} / "
-                                                       f"{len(leads)} (median lead "
-                                                       f"{_median(leads)})" if leads else "-",
-            "saved where its no-budget twin diverged": f"{len(saved)} / {len(twin_died)}"
+            "arm": variant,
+            "diverged": f"{sum(v['diverged'] for v in result.values())} / {len(runs)}",
+            "failed (diverged or harmed)": f"{sum(v['failed'] for v in result.values())} / "
+                                           f"{len(runs)}",
+            "saved where its twin diverged": f"{len(saved)} / {len(twin_died)}"
             if twin_died and variant not in (TWIN, UNCONTROLLED, EXACT) else "-",
-            "unit-steps (= attention FLOPs) recovered":
-                f"{100 * statistics.fmean(shares):.1f}%",
-            "final loss gap to exact (runs that did not diverge)": _mean_std(gaps),
+            "attention FLOPs exact (of the steps run)": _mean_se(
+                [r["recovered_share_of_executed_steps"] for r in runs.values()], percent=True),
+            "first alarm (median step)": _median(r["first_attention_alarm"]
+                                                 for r in runs.values()),
+            "first recovery (median step)": _median(r["first_recovery"] for r in runs.values()),
+            "lead over the twin's divergence (median)": _median(leads),
+            "final loss gap to exact": _mean_se([v["gap"] for v in result.values()]),
+            "follows its twin until its first recovery": f"{sum(checks)} / {len(checks)}"
+            if checks else "-",
         })
     return rows
 
 
-def markdown(rows: list[dict], table: dict) -> str:
-    columns = list(rows[0]) if rows else []
-    cpus = sorted({run["cpu"] for runs in table.values() for run in runs.values()})
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+def comparisons(table: dict[str, dict[int, dict]]) -> list[dict]:
+    """Each loop against each other arm: Fisher's one-sided p that the loop fails (and
+    diverges) less often."""
+    verdicts = outcomes(table)
+    rows = []
+    for loop in (v for v in LOOPS if v in table):
+        mine = verdicts[loop]
+        for other in table:
+            if other in (loop, EXACT):
+                continue
+            theirs = verdicts[other]
+            row = {"loop": loop, "against": other}
+            for name in ("failed", "diverged"):
+                a = sum(v[name] for v in mine.values())
+                b = sum(v[name] for v in theirs.values())
+                row[name] = f"{a}/{len(mine)} vs {b}/{len(theirs)}, p = " \
+                            f"{fisher_one_sided(a, len(mine), b, len(theirs)):.3g}"
+            rows.append(row)
+    return rows
+
+
+def _markdown_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    columns = list(rows[0])
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]]
+
+
+def markdown(table: dict) -> str:
+    verdicts = outcomes(table)
+    runs = [r for arm in table.values() for r in arm.values()]
+    cpus = sorted({r.get("cpu") or "?" for r in runs})
+    commits = sorted({c for r in runs for c in r.get("commits", [])})
+    margin = verdicts["margin"]
+    lines = _markdown_table(variant_rows(table))
+    lines += ["", f"Harmed: final loss above exact attention's of the same seed by more than "
+                  f"{margin:.3f} (twice exact attention's seed-to-seed standard deviation)."
+              if margin is not None else "Harmed: needs two exact-attention runs.", ""]
+    lines += _markdown_table(comparisons(table))
     lines += ["", f"Runs made on: {', '.join(cpus)} (pairs by seed are bitwise comparable only "
-                  "on one CPU)."]
+                  f"on one CPU); code: {', '.join(c[:12] for c in commits) or '?'}."]
     return "\n".join(lines) + "\n"
+
+
+def plot(table: dict, path: Path) -> None:
+    """Every seed's loss curves, one panel per seed, one line per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted({s for runs in table.values() for s in runs})
+    columns = 4
+    rows = -(-len(seeds) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.6 * rows), sharey=True,
+                                squeeze=False)
+    for ax, seed in zip(axes.flat, seeds):
+        for variant, runs in table.items():
+            if seed in runs:
+                curve = runs[seed]["loss_every_25_steps"]
+                ax.plot([int(s) for s in curve], list(curve.values()), label=variant,
+                        linewidth=1.2 if variant.startswith("loop-early") else 0.8)
+        ax.set_title(f"seed {seed}", fontsize=9)
+        ax.set_ylim(3.5, 7.0)
+    for ax in axes.flat[len(seeds):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    figure.supxlabel("step")
+    figure.supylabel("training loss")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="a scenario whose runs stop once diverged "
                         "(attention_closed_loop)")
     add_location_arguments(parser)
+    parser.add_argument("--plot", default=None, help="the loss curves' PNG (default: "
+                        "SUMMARIES/loss_curves.png)")
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def run(args: argparse.Namespace) -> str:
     scenario, runs, summaries = locations(args)
     table = collect(scenario, runs, summaries, run_summary)
     if not table:
         raise UserError(f"compare-closed-loop {scenario.name}: no finished run in {runs} and "
                         f"no summary in {summaries}")
-    rows = variant_rows(table)
-    text = markdown(rows, table)
+    text = markdown(table)
     (summaries / "table.md").write_text(text)
+    plot(table, Path(args.plot) if args.plot else summaries / "loss_curves.png")
     print(text)
-    return rows
+    return text

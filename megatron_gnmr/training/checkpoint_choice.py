@@ -28,12 +28,17 @@ class Choice:
     warnings: list[str] = field(default_factory=list)
 
 
-def _candidates(load: str) -> list[tuple[Path, str]]:
+STEP_OF = {"torch": checkpoint.step_of, "torch_dist": dist_files.step_of}
+
+
+def _candidates(load: str, wanted_step: int | None) -> list[tuple[Path, str]]:
     torch_format = [(p, "torch") for p in checkpoint.candidates(load)]
     dist = [(p, "torch_dist") for p in dist_files.candidates(load)]
     if Path(load) in {p for p, _ in torch_format + dist}:
         return [c for c in torch_format + dist if c[0] == Path(load)]
-    step = {"torch": checkpoint.step_of, "torch_dist": dist_files.step_of}
+    if wanted_step is not None:
+        return [c for c in torch_format + dist if STEP_OF[c[1]](c[0]) == wanted_step][:1]
+    step = STEP_OF
     # each format's own pointer first among its own, the newer step first across formats
     merged = sorted(torch_format + dist, key=lambda c: step[c[1]](c[0]) or -1, reverse=True)
     pointers = [c for c in (torch_format[:1] + dist[:1])]
@@ -57,10 +62,11 @@ def _hashes_match(directory: Path, kind: str) -> bool:
     return int(intact) == 1
 
 
-def choose(load: str) -> Choice:
-    """Collective: the same checkpoint on every rank."""
+def choose(load: str, step: int | None = None) -> Choice:
+    """Collective: the same checkpoint on every rank (with `step`: that step's, or an
+    error)."""
     rank = torch.distributed.get_rank()
-    queue = _candidates(load) if rank == 0 else []
+    queue = _candidates(load, step) if rank == 0 else []
     warnings: list[str] = []
     while True:
         chosen = None
@@ -74,6 +80,11 @@ def choose(load: str) -> Choice:
         message = [chosen, warnings]
         torch.distributed.broadcast_object_list(message, src=0)
         warnings = message[1]
+        if message[0] is None and step is not None:
+            raise UserError(f"--ckpt-step {step}: no complete checkpoint of that step in "
+                            f"--load {load} (its steps: "
+                            f"{', '.join(map(str, checkpoint_steps(load))) or 'none'})"
+                            + (f"; {'; '.join(warnings)}" if warnings else ""))
         if message[0] is None:
             raise UserError(f"--load {load}: no complete checkpoint there (expected "
                             f"{load}/iter_* with {dist_files.MANIFEST}, or "
@@ -83,7 +94,7 @@ def choose(load: str) -> Choice:
         if _hashes_match(directory, kind):
             return Choice(directory, kind, warnings)
         problem = "a file's sha256 differs from what was written (corrupt)"
-        if Path(load) == directory:
+        if Path(load) == directory or step is not None:
             raise UserError(f"--load {load}: {problem}; load an older checkpoint")
         warnings.append(f"skipped {directory}: {problem}")
 

@@ -54,9 +54,10 @@ def check_base_fits(directory: Path, base: dict | None, current: dict,
     if not isinstance(base, dict):
         raise UserError(f"--load {directory}: meta.json records no settings (written by an "
                         "older megatron-gnmr)")
-    from megatron_gnmr.training.resume_contract import RESHARDABLE
+    from megatron_gnmr.training.resume_contract import RESHARDABLE, effective
 
-    for name, value in base_settings(current).items():
+    base = effective(base)
+    for name, value in base_settings(effective(current)).items():
         if reshardable and name in RESHARDABLE:
             continue
         if base.get(name) != value and not recorded_as_default(base, name, value):
@@ -88,7 +89,8 @@ def load_base_weights(model_chunks, load: str, current_settings: dict) -> dict:
         check_base_fits(choice.directory, manifest.get("settings"), current_settings,
                         reshardable=True)
         on_every_rank(lambda: run.load_model_weights(
-            model_chunks, choice.directory, f"--finetune --load {choice.directory}"))
+            model_chunks, choice.directory, f"--finetune --load {choice.directory}",
+            not_in_checkpoint=is_adapter_key))
         return base_identity(choice.directory)
     meta = checkpoint.read_meta(choice.directory)
     if "lora" in meta:

@@ -106,7 +106,7 @@ class RunCheckpoints:
     def load(self, source: str) -> Choice:
         """Collective: choose (every rank the same, either format), check the settings, read
         and apply on every rank with one agreement, then prove the controllers agree."""
-        choice = choose(source)
+        choice = choose(source, self.trainer.config.training.ckpt_step)
         if choice.format == "torch_dist":
             saved = dist_run.read_saved(choice.directory)
             check_resume(choice.directory, saved.get("settings"), self.settings(),

@@ -74,10 +74,47 @@ def resume_settings(config, dataset: str, vocab_size: int, world_size: int) -> d
     return json.loads(json.dumps(settings))  # as meta.json will give it back
 
 
+def _padded_vocab(settings: dict) -> int:
+    multiple = settings["--make-vocab-size-divisible-by"] * \
+        settings["--tensor-model-parallel-size"]
+    return -(-settings["vocab size"] // multiple) * multiple
+
+
+# Model settings whose None means "derived from the others", with the derivation: a
+# checkpoint that spells a derived value out (import-hf writes every value) and a run that
+# leaves it to the default built the same model.
+DERIVED = {
+    "--kv-channels": lambda s: s["--hidden-size"] // s["--num-attention-heads"],
+    "--num-query-groups": lambda s: s["--num-attention-heads"],
+    "--max-position-embeddings": lambda s: s["--seq-length"],
+    "--padded-vocab-size": _padded_vocab,
+}
+
+
+def effective(settings: dict) -> dict:
+    """`settings` with each derived model value that is None replaced by what it derives
+    to (left as is where what it derives from is not recorded)."""
+    out = dict(settings)
+    for name, derive in DERIVED.items():
+        if name in out and out[name] is None:
+            try:
+                out[name] = derive(settings)
+            except (KeyError, TypeError, ZeroDivisionError):
+                pass
+    return out
+
+
+# Model settings that shape no weight (RoPE has no position table): a fine-tune may choose
+# its own sequence length and dropouts.
+NOT_IN_THE_WEIGHTS = frozenset(flag_name("model", name) for name in (
+    "seq_length", "max_position_embeddings", "attention_dropout", "hidden_dropout"))
+
+
 def base_settings(settings: dict) -> dict:
     """What a fine-tune's base must share with it (per-rank weights): the model's shape,
     the parallel layout, the process count and the vocabulary."""
-    names = {flag_name("model", f.name) for f in dataclasses.fields(ModelConfig)}
+    names = {flag_name("model", f.name) for f in dataclasses.fields(ModelConfig)} - \
+        NOT_IN_THE_WEIGHTS
     names |= {flag_name("parallel", name) for name in LAYOUT}
     names |= {"launch processes", "vocab size"}
     return {name: value for name, value in settings.items() if name in names}
@@ -90,6 +127,7 @@ def check_resume(directory, saved: dict | None, current: dict,
     if not isinstance(saved, dict):
         raise UserError(f"--load {directory}: meta.json records no settings (written by an "
                         "older megatron-gnmr); start a new run")
+    saved, current = effective(saved), effective(current)
     for name, value in current.items():
         if reshardable and name in RESHARDABLE:
             continue

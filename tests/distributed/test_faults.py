@@ -9,8 +9,10 @@ import torch
 from tests.helpers import TINY, read_jsonl, run_pretrain, trace_records, train_losses
 
 STEPS = 12
+# The per-rank format, whose files these tests read (the default torch_dist's faults:
+# tests/distributed/test_dist_checkpoint.py)
 GNMR = ["--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--gnmr-max-o", "2",
-        "--gnmr-alpha", "1.2", "--gnmr-beta", "1.1"]
+        "--gnmr-alpha", "1.2", "--gnmr-beta", "1.1", "--ckpt-format", "torch"]
 TP2 = [*TINY, *GNMR, "--train-iters", str(STEPS), "--eval-interval", "100",
        "--tensor-model-parallel-size", "2", "--save-interval", "2", "--keep-last", "3",
        "--resume", "auto"]

@@ -8,7 +8,7 @@ import time
 from tests.helpers import LAUNCH_TIMEOUT_S, TINY, run_pretrain
 
 TP2 = [*TINY, "--train-iters", "4", "--lr-warmup-iters", "1", "--eval-interval", "100",
-       "--tensor-model-parallel-size", "2"]
+       "--tensor-model-parallel-size", "2", "--ckpt-format", "torch"]  # per-rank files
 
 
 def test_an_error_on_rank_1_only_is_printed_and_both_ranks_exit(tmp_path):

@@ -222,11 +222,19 @@ def _describe(layout: dict) -> str:
             + (" distributed optimizer" if layout["use_distributed_optimizer"] else ""))
 
 
-def load_model_weights(model_chunks, directory: Path, source: str) -> None:
-    """Collective: only the model's weights (evaluation, a fine-tune's base), resharded."""
-    state = {"model": unwrap(model_chunks[0]).sharded_state_dict()}
-    loaded = _read_as_data(state, directory, source)
-    unwrap(model_chunks[0]).load_state_dict(loaded["model"])
+def load_model_weights(model_chunks, directory: Path, source: str,
+                       not_in_checkpoint=lambda key: False) -> None:
+    """Collective: only the model's weights (evaluation, a fine-tune's base), resharded.
+    Weights for which `not_in_checkpoint(key)` holds (a fine-tune's new adapters) keep their
+    values; every other weight must be in the checkpoint."""
+    model = unwrap(model_chunks[0])
+    sharded = {k: v for k, v in model.sharded_state_dict().items() if not not_in_checkpoint(k)}
+    loaded = _read_as_data({"model": sharded}, directory, source)
+    missing, unexpected = model.load_state_dict(loaded["model"], strict=False)
+    missing = [k for k in missing if not not_in_checkpoint(k)]
+    if missing or unexpected:  # dist_checkpointing already refused a key it could not fill
+        raise UserError(f"{source}: the weights do not fit this model ({len(unexpected)} "
+                        f"unexpected, {len(missing)} missing, e.g. {(unexpected or missing)[0]})")
 
 
 def save_weights(model_chunks, root: str, settings: dict, config) -> Path:

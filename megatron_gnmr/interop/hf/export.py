@@ -1,0 +1,171 @@
+"""`megatron-gnmr export-hf RUN_DIR OUT_DIR`: a trained LLaMA-family run as a Hugging Face
+model directory that `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and
+`AutoTokenizer.from_pretrained(OUT_DIR)` load with no extra code.
+
+The run's newest intact checkpoint is read in this one process: a torch_dist checkpoint (the
+default format) is resharded to one rank whatever layout wrote it (TP, PP, EP, distributed
+optimizer); a torch-format one must come from a one-process run. The weights go through
+`llama.to_hf` into `model.safetensors` in the dtype asked for, beside `config.json`,
+`generation_config.json` and the tokenizer (a SentencePiece model as `tokenizer.model` read
+by transformers' SentencePiece backend, which encodes exactly as we do; a Hugging Face
+tokenizer's own files; GPT-2's vocab and merges). Everything
+is written into `OUT_DIR.partial` and renamed when complete: a failed export leaves nothing
+that looks like a model. The embedding keeps Megatron's padded rows (config.json's vocab_size
+says so; the tokenizer never produces them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from megatron_gnmr.errors import UserError
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def _check_target(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"export-hf: {out} exists and is not empty; give a new directory")
+
+
+@contextlib.contextmanager
+def model_on_one_rank(run_dir: Path):
+    """Within: (config, model chunks, tokenizer, checkpoint directory) of a run, its weights
+    loaded in this one process (a world of one)."""
+    from megatron_gnmr.data.datasets import tokenizer_of
+    from megatron_gnmr.evaluation.loaded_run import run_config
+    from megatron_gnmr.model import build_model
+    from megatron_gnmr.training import checkpoint, distributed
+    from megatron_gnmr.training.checkpoint_choice import choose
+
+    config = run_config(run_dir)
+    if config.model.model_family != "llama":
+        raise UserError(f"export-hf {run_dir}: --model-family {config.model.model_family} is "
+                        "not exported yet (the llama family is)")
+    if config.lora.enabled:
+        raise UserError(f"export-hf {run_dir}: a LoRA run; merge its adapters first "
+                        "(megatron-gnmr merge-lora) and export the merged run")
+    p = config.parallel
+    p.tensor_model_parallel_size = p.pipeline_model_parallel_size = 1
+    p.expert_model_parallel_size = 1
+    p.use_distributed_optimizer = p.sequence_parallel = False
+    p.overlap_grad_reduce = p.overlap_param_gather = False
+    distributed.initialize(config)
+    try:
+        tokenizer = tokenizer_of(config.data)
+        model = build_model(config, tokenizer.vocab_size)
+        choice = choose(str(run_dir))
+        if choice.format == "torch_dist":
+            from megatron_gnmr.training.torch_dist import run
+
+            run.load_model_weights(model, choice.directory, f"export-hf {run_dir}")
+        else:
+            meta = checkpoint.read_meta(choice.directory)
+            if meta.get("world_size") != 1:
+                raise UserError(f"export-hf {run_dir}: its checkpoint is in the torch format, "
+                                f"written by {meta.get('world_size')} processes; resume it for "
+                                "no step with --ckpt-format torch_dist (reshardable) and export "
+                                "that")
+            from megatron_gnmr.training.resume import load_model_state
+
+            load_model_state(model[0], checkpoint.load_shard(choice.directory)["model"][0])
+        for chunk in model:
+            chunk.eval()
+        yield config, model, tokenizer, choice.directory
+    finally:
+        distributed.shutdown()
+
+
+def load_weights_on_one_rank(run_dir: Path):
+    """(config, full state dict of the model, tokenizer, checkpoint) of a run."""
+    from megatron_gnmr.model import unwrap
+
+    with model_on_one_rank(run_dir) as (config, model, tokenizer, source):
+        state = {k: v.detach().clone() for k, v in unwrap(model[0]).state_dict().items()
+                 if not k.endswith("_extra_state")}
+        return config, state, tokenizer, source
+
+
+def logits_of(run_dir: Path, tokens: torch.Tensor) -> torch.Tensor:
+    """The run's logits [batch, seq, padded vocab] for `tokens` [batch, seq], float32."""
+    from megatron_gnmr.model import unwrap
+
+    with model_on_one_rank(run_dir) as (_, model, _, _), torch.no_grad():
+        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+        return unwrap(model[0])(tokens, positions, None).float()
+
+
+def write_tokenizer(tokenizer, out: Path) -> None:
+    """The run's tokenizer in a form AutoTokenizer reads."""
+    from megatron_gnmr.data import tokenizers
+
+    if isinstance(tokenizer, tokenizers.GPTSentencePiece):
+        shutil.copyfile(tokenizer.model_path, out / "tokenizer.model")
+        piece = tokenizer._sp.id_to_piece
+        # transformers' SentencePiece backend encodes with the model itself (its Llama
+        # tokenizer converts it to a BPE that splits our whitespace differently)
+        config = {"tokenizer_class": "SentencePieceBackend", "add_bos_token": False,
+                  "add_eos_token": False, "legacy": True, "clean_up_tokenization_spaces": False,
+                  "eos_token": piece(tokenizer.eod), "unk_token": piece(tokenizer._sp.unk_id())}
+        if tokenizer.bos >= 0:
+            config["bos_token"] = piece(tokenizer.bos)
+        if tokenizer.pad >= 0:
+            config["pad_token"] = piece(tokenizer.pad)
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    elif isinstance(tokenizer, (tokenizers.HuggingFace, tokenizers.GPT2BPE)):
+        for file in tokenizer.files:
+            shutil.copyfile(file, out / file.name)
+        if isinstance(tokenizer, tokenizers.GPT2BPE):
+            (out / "tokenizer_config.json").write_text(json.dumps(
+                {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>",
+                 "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}, indent=2))
+    else:
+        raise UserError(f"export-hf: a {tokenizer.kind} has no Hugging Face form")
+
+
+def export(run_dir: str, out_dir: str, dtype: str = "bf16") -> Path:
+    from safetensors.torch import save_file
+
+    from megatron_gnmr.interop.hf import llama
+    from megatron_gnmr.model import padded_vocab_size
+
+    run, out = Path(run_dir), Path(out_dir)
+    _check_target(out)
+    config, state, tokenizer, source = load_weights_on_one_rank(run)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    weights = {k: v.to(DTYPES[dtype]) for k, v in llama.to_hf(state, config).items()}
+    save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    hf = llama.hf_config(config, padded_vocab_size(tokenizer.vocab_size, config), tokenizer,
+                         DTYPE_NAMES[dtype])
+    (partial / "config.json").write_text(json.dumps(hf, indent=2))
+    (partial / "generation_config.json").write_text(json.dumps(
+        {key: hf[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")
+         if hf[key] is not None}, indent=2))
+    write_tokenizer(tokenizer, partial)
+    (partial / "megatron_gnmr_source.json").write_text(json.dumps(
+        {"run": str(run.resolve()), "checkpoint": str(source)}, indent=2))
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    partial.replace(out)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a run directory (--save of a LLaMA-family run)")
+    parser.add_argument("out_dir", help="the Hugging Face model directory to write (new)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                        help="the weights' dtype (default bf16)")
+
+
+def run(args: argparse.Namespace) -> None:
+    path = export(args.run_dir, args.out_dir, args.dtype)
+    print(f"export-hf: {path} (transformers.AutoModelForCausalLM.from_pretrained)")

@@ -1,0 +1,165 @@
+"""`megatron-gnmr import-hf HF_DIR OUT_DIR`: a Hugging Face LLaMA (`LlamaForCausalLM`) as a
+checkpoint that `--finetune --load OUT_DIR` (and `--lora`) and `evaluate` accept, in any
+layout (a torch_dist checkpoint, resharded on load).
+
+The model settings are read from config.json (a setting the llama family cannot build is
+refused by name); the weights from safetensors only (a `pytorch_model.bin` is a pickle, which
+could run code: refused), each tensor's shape checked against the config; the tokenizer
+(tokenizer.json: a Hugging Face tokenizer; tokenizer.model alone: SentencePiece) travels into
+OUT_DIR/tokenizer, and its vocabulary must fit the embedding. OUT_DIR holds the checkpoint
+(`iter_0000000`), `config.json` (a run's, so evaluate reads it) and `model.yaml`, the model
+and tokenizer flags to fine-tune it with (`--config OUT_DIR/model.yaml`). Written into
+`OUT_DIR.partial` and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+
+from megatron_gnmr.errors import UserError
+
+ARCHITECTURE = "LlamaForCausalLM"
+
+
+def read_hf(hf_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, weights) of a Hugging Face model directory, data only."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    where = f"import-hf {hf_dir}"
+    if not (hf_dir / "config.json").is_file():
+        raise UserError(f"{where}: no config.json (not a transformers model directory)")
+    try:
+        hf = json.loads((hf_dir / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{where}: config.json is not JSON ({error})") from None
+    architectures = hf.get("architectures") or [hf.get("model_type")]
+    if ARCHITECTURE not in architectures and hf.get("model_type") != "llama":
+        raise UserError(f"{where}: architecture {architectures[0]!r} is not built here "
+                        f"(import-hf reads {ARCHITECTURE})")
+    index = hf_dir / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) \
+        if index.is_file() else ["model.safetensors"]
+    if not all((hf_dir / name).is_file() for name in files):
+        if (hf_dir / "pytorch_model.bin").is_file():
+            raise UserError(f"{where}: the weights are pytorch_model.bin, a pickle that could "
+                            "run code when read; save the model with safetensors "
+                            "(save_pretrained(..., safe_serialization=True))")
+        raise UserError(f"{where}: no model.safetensors (or the files its index names)")
+    weights = {}
+    for name in files:
+        try:
+            weights.update(load_file(str(hf_dir / name)))
+        except (SafetensorError, OSError) as error:
+            raise UserError(f"{where}: {name} is not a safetensors file ({error})") from None
+    return hf, weights
+
+
+def read_tokenizer(hf_dir: Path, out: Path):
+    """Copy the tokenizer into `out` and build it as a run will: (type, model path, it)."""
+    from megatron_gnmr.data.tokenizers import build_tokenizer
+
+    out.mkdir(parents=True)
+    if (hf_dir / "tokenizer.json").is_file():
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (hf_dir / name).is_file():
+                shutil.copyfile(hf_dir / name, out / name)
+        kind, model = "HuggingFaceTokenizer", out
+    elif (hf_dir / "tokenizer.model").is_file():
+        shutil.copyfile(hf_dir / "tokenizer.model", out / "tokenizer.model")
+        kind, model = "GPTSentencePieceTokenizer", out / "tokenizer.model"
+    else:
+        raise UserError(f"import-hf {hf_dir}: no tokenizer.json or tokenizer.model (the "
+                        "tokenizer travels with the model)")
+    return kind, model, build_tokenizer(kind, str(model))
+
+
+def _check_shapes(ours: dict, live: dict, where: str) -> None:
+    for name, tensor in ours.items():
+        if name not in live:
+            raise UserError(f"{where}: {name} is not a weight of the model config.json "
+                            "describes")
+        if tuple(tensor.shape) != tuple(live[name].shape):
+            raise UserError(f"{where}: {name} has shape {tuple(tensor.shape)}, config.json "
+                            f"makes it {tuple(live[name].shape)}")
+
+
+def import_hf(hf_dir: str, out_dir: str) -> Path:
+    from megatron_gnmr.config import RunConfig
+    from megatron_gnmr.interop.hf import llama
+    from megatron_gnmr.model import build_model, unwrap
+    from megatron_gnmr.training import distributed
+    from megatron_gnmr.training.resume_contract import resume_settings
+    from megatron_gnmr.training.torch_dist.run import save_weights
+
+    source, out = Path(hf_dir), Path(out_dir)
+    where = f"import-hf {source}"
+    if not source.is_dir():
+        raise UserError(f"{where}: not a directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"import-hf: {out} exists and is not empty; give a new directory")
+    hf, weights = read_hf(source)
+    flags = llama.model_flags(hf, where)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        kind, tokenizer_model, tokenizer = read_tokenizer(source, partial / "tokenizer")
+        rows = weights["model.embed_tokens.weight"].shape[0] \
+            if "model.embed_tokens.weight" in weights else None
+        if rows is None:
+            raise UserError(f"{where}: no model.embed_tokens.weight")
+        if tokenizer.vocab_size > rows:
+            raise UserError(f"{where}: the tokenizer has {tokenizer.vocab_size} tokens, the "
+                            f"embedding {rows} rows; they do not belong together")
+        final_tokenizer = out / "tokenizer" / Path(tokenizer_model).relative_to(
+            partial / "tokenizer")
+        model_section = {**flags, "padded_vocab_size": rows,
+                         "seq_length": min(flags["max_position_embeddings"], 4096)}
+        data_section = {"tokenizer_type": kind, "tokenizer_model": str(final_tokenizer)}
+        config = RunConfig.from_dict({"model": model_section, "data": data_section})
+        config.training.ckpt_format = "torch_dist"
+        distributed.initialize(config)
+        try:
+            model = build_model(config, tokenizer.vocab_size)
+            live = unwrap(model[0]).state_dict()
+            ours = llama.from_hf(weights, config)
+            _check_shapes(ours, live, where)
+            unwrap(model[0]).load_state_dict(
+                {**{k: v for k, v in live.items() if k.endswith("_extra_state")},
+                 **{k: v.to(live[k].dtype) for k, v in ours.items()}})
+            settings = resume_settings(config, f"imported from {source.resolve()}",
+                                       tokenizer.vocab_size, 1)
+            save_weights(model, str(partial), settings, config)
+        finally:
+            distributed.shutdown()
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    (partial / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    (partial / "model.yaml").write_text(yaml.safe_dump(
+        {"model": model_section, "data": data_section}, sort_keys=False))
+    (partial / "imported_from.json").write_text(json.dumps(
+        {"huggingface": str(source.resolve()), "architecture": ARCHITECTURE}, indent=2))
+    if out.exists():
+        out.rmdir()
+    partial.replace(out)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("hf_dir", help="a Hugging Face model directory (LlamaForCausalLM: "
+                        "config.json, safetensors weights, tokenizer)")
+    parser.add_argument("out_dir", help="the checkpoint directory to write (new)")
+
+
+def run(args: argparse.Namespace) -> None:
+    path = import_hf(args.hf_dir, args.out_dir)
+    print(f"import-hf: {path}; fine-tune with --config {path}/model.yaml --finetune --load "
+          f"{path}")

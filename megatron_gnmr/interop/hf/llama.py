@@ -1,0 +1,136 @@
+"""The LLaMA family's weights in Hugging Face's names and layout (`LlamaForCausalLM`), both
+ways: a pure function of full (unsharded) state dicts.
+
+megatron's fused QKV weight is interleaved per query group: for each group g, the rows of its
+query heads, then its key head, then its value head (`model_families/llama.py`); Hugging Face
+keeps q_proj, k_proj and v_proj apart, heads in order. megatron's fc1 stacks [gate; up];
+Hugging Face has gate_proj and up_proj. RoPE needs no permutation: megatron's default
+(`rotary_interleaved=False`) rotates halves of each head, as Hugging Face's `rotate_half`.
+A zero-centred norm (--apply-layernorm-1p) stores gamma - 1; Hugging Face stores gamma.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_gnmr.model_families.llama import head_dim
+
+
+def _shape(config) -> tuple[int, int, int, int]:
+    m = config.model
+    groups = m.num_query_groups or m.num_attention_heads
+    return m.num_attention_heads, groups, head_dim(m), m.hidden_size
+
+
+def to_hf(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    heads, groups, d, h = _shape(config)
+    per = heads // groups
+    one = 1.0 if config.model.apply_layernorm_1p else 0.0
+    out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+           "model.norm.weight": state["decoder.final_layernorm.weight"] + one,
+           "lm_head.weight": state["output_layer.weight"]}
+    for layer in range(config.model.num_layers):
+        ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
+        qkv = state[ours + "self_attention.linear_qkv.weight"].reshape(groups, per + 2, d, h)
+        gate, up = state[ours + "mlp.linear_fc1.weight"].chunk(2, dim=0)
+        out.update({
+            theirs + "self_attn.q_proj.weight": qkv[:, :per].reshape(heads * d, h),
+            theirs + "self_attn.k_proj.weight": qkv[:, per].reshape(groups * d, h),
+            theirs + "self_attn.v_proj.weight": qkv[:, per + 1].reshape(groups * d, h),
+            theirs + "self_attn.o_proj.weight": state[ours + "self_attention.linear_proj.weight"],
+            theirs + "mlp.gate_proj.weight": gate,
+            theirs + "mlp.up_proj.weight": up,
+            theirs + "mlp.down_proj.weight": state[ours + "mlp.linear_fc2.weight"],
+            theirs + "input_layernorm.weight": state[ours + "input_layernorm.weight"] + one,
+            theirs + "post_attention_layernorm.weight":
+                state[ours + "pre_mlp_layernorm.weight"] + one,
+        })
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def from_hf(weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """The inverse of `to_hf` (a tied model's lm_head is its embedding)."""
+    heads, groups, d, h = _shape(config)
+    per = heads // groups
+    one = 1.0 if config.model.apply_layernorm_1p else 0.0
+    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    out = {"embedding.word_embeddings.weight": weights["model.embed_tokens.weight"],
+           "decoder.final_layernorm.weight": weights["model.norm.weight"] - one,
+           "output_layer.weight": head}
+    for layer in range(config.model.num_layers):
+        ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
+        q = weights[theirs + "self_attn.q_proj.weight"].reshape(groups, per, d, h)
+        k = weights[theirs + "self_attn.k_proj.weight"].reshape(groups, 1, d, h)
+        v = weights[theirs + "self_attn.v_proj.weight"].reshape(groups, 1, d, h)
+        out.update({
+            ours + "self_attention.linear_qkv.weight":
+                torch.cat([q, k, v], dim=1).reshape((heads + 2 * groups) * d, h),
+            ours + "self_attention.linear_proj.weight": weights[theirs + "self_attn.o_proj.weight"],
+            ours + "mlp.linear_fc1.weight": torch.cat([weights[theirs + "mlp.gate_proj.weight"],
+                                                       weights[theirs + "mlp.up_proj.weight"]]),
+            ours + "mlp.linear_fc2.weight": weights[theirs + "mlp.down_proj.weight"],
+            ours + "input_layernorm.weight": weights[theirs + "input_layernorm.weight"] - one,
+            ours + "pre_mlp_layernorm.weight":
+                weights[theirs + "post_attention_layernorm.weight"] - one,
+        })
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def hf_config(config, padded_vocab_size: int, tokenizer, dtype: str) -> dict:
+    """Hugging Face's config.json for this model (written without transformers)."""
+    m = config.model
+    heads, groups, d, _ = _shape(config)
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": padded_vocab_size, "hidden_size": m.hidden_size,
+        "intermediate_size": m.ffn_hidden_size, "num_hidden_layers": m.num_layers,
+        "num_attention_heads": heads, "num_key_value_heads": groups, "head_dim": d,
+        "hidden_act": "silu", "max_position_embeddings": m.max_position_embeddings or
+        m.seq_length, "rms_norm_eps": m.norm_epsilon, "initializer_range": m.init_method_std,
+        "rope_theta": float(m.rotary_base),
+        "rope_parameters": {"rope_theta": float(m.rotary_base), "rope_type": "default"},
+        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+        "attention_dropout": m.attention_dropout, "use_cache": True,
+        "bos_token_id": getattr(tokenizer, "bos", None),
+        "eos_token_id": tokenizer.eod,
+        "pad_token_id": tokenizer.pad if tokenizer.pad >= 0 else None,
+        "torch_dtype": dtype, "dtype": dtype,
+    }
+
+
+UNSUPPORTED = {  # Hugging Face settings this family cannot build -> what it builds instead
+    "attention_bias": (True, "no bias in the attention projections"),
+    "mlp_bias": (True, "no bias in the MLP"),
+}
+
+
+def model_flags(hf: dict, where: str) -> dict:
+    """Our model section's values for a Hugging Face LLaMA config (a UserError names any
+    setting the family cannot build)."""
+    from megatron_gnmr.errors import UserError
+
+    for key, (bad, ours) in UNSUPPORTED.items():
+        if hf.get(key) == bad:
+            raise UserError(f"{where}: {key} {bad} is not built by the llama family ({ours})")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UserError(f"{where}: hidden_act {hf['hidden_act']!r}: the llama family's MLP is "
+                        "SwiGLU (silu)")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise UserError(f"{where}: rope type {rope.get('rope_type', rope.get('type'))!r} "
+                        "(RoPE frequency scaling) is not built; only plain RoPE")
+    try:
+        heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
+        return {
+            "num_layers": int(hf["num_hidden_layers"]), "hidden_size": hidden,
+            "ffn_hidden_size": int(hf["intermediate_size"]), "num_attention_heads": heads,
+            "num_query_groups": int(hf.get("num_key_value_heads") or heads),
+            "kv_channels": int(hf.get("head_dim") or hidden // heads),
+            "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
+            "rotary_base": int(float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))),
+            "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+            "init_method_std": float(hf.get("initializer_range", 0.02)),
+        }
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserError(f"{where}: not a complete LLaMA config ({type(error).__name__}: "
+                        f"{error})") from None

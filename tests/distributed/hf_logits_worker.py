@@ -1,0 +1,50 @@
+"""Logits of checkpoints read at tensor-parallel size 2 (torchrun, 2 processes): each
+rank builds the model at TP 2, megatron-core reshards the checkpoint into it, and the
+vocabulary-parallel logits are gathered; rank 0 saves them.
+
+    torchrun --nproc_per_node=2 hf_logits_worker.py JOBS.json
+    # JOBS.json: [[checkpoint directory (with config.json), tokens.pt, logits.pt], ...]
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main(path: str) -> None:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from megatron_gnmr.evaluation.loaded_run import run_config
+    from megatron_gnmr.data.datasets import tokenizer_of
+    from megatron_gnmr.model import build_model, unwrap
+    from megatron_gnmr.training import distributed
+    from megatron_gnmr.training.checkpoint_choice import choose
+    from megatron_gnmr.training.torch_dist.run import load_model_weights
+
+    for directory, tokens_file, out_file in json.loads(open(path).read()):
+        config = run_config(Path(directory))
+        config.parallel.tensor_model_parallel_size = 2
+        config.parallel.pipeline_model_parallel_size = 1
+        config.parallel.sequence_parallel = False
+        distributed.initialize(config)
+        model = build_model(config, tokenizer_of(config.data).vocab_size)
+        choice = choose(directory)
+        assert choice.format == "torch_dist"
+        load_model_weights(model, choice.directory, directory)
+        tokens = torch.load(tokens_file)
+        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+        with torch.no_grad():
+            unwrap(model[0]).eval()
+            local = unwrap(model[0])(tokens, positions, None).float()
+            logits = gather_from_tensor_model_parallel_region(local)
+        if torch.distributed.get_rank() == 0:
+            torch.save(logits, out_file)
+        parallel_state.destroy_model_parallel()
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
