@@ -122,7 +122,8 @@ def test_megatron_core_reads_it_into_a_model_built_as_megatron_lm_builds_one(tmp
     """Megatron-LM builds a LLaMA with megatron-core's local layer spec (RMSNorm, SwiGLU,
     RoPE, no bias, untied; `gpt_builders.py`); megatron-core's `dist_checkpointing.load`
     fills that model from our checkpoint, and every weight equals the one our run saved.
-    The common state holds what Megatron-LM's loader reads first."""
+    The common state (common.pt with megatron-core 0.16, a byte item with 0.19, read by
+    megatron-core's `load_common_state_dict`) holds what Megatron-LM's loader reads first."""
     import torch.nn.functional as F
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -138,7 +139,8 @@ def test_megatron_core_reads_it_into_a_model_built_as_megatron_lm_builds_one(tmp
     try:
         parallel_state.initialize_model_parallel(1, 1)
         model_parallel_cuda_manual_seed(7)
-        args = torch.load(directory / "common.pt", weights_only=True)["args"]
+        common = dist_checkpointing.load_common_state_dict(str(directory))  # megatron's own
+        args = common["args"]
         config = TransformerConfig(
             num_layers=args.num_layers, hidden_size=args.hidden_size,
             ffn_hidden_size=args.ffn_hidden_size, num_attention_heads=args.num_attention_heads,
@@ -153,7 +155,6 @@ def test_megatron_core_reads_it_into_a_model_built_as_megatron_lm_builds_one(tmp
                          share_embeddings_and_output_weights=False)
         loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(directory))
         model.load_state_dict(loaded["model"])
-        common = torch.load(directory / "common.pt", weights_only=True)
         assert common["iteration"] == 3 and common["checkpoint_version"] == 3.0
         assert args.consumed_train_samples == 3 * args.global_batch_size
         assert set(common["opt_param_scheduler"]) >= {"max_lr", "num_steps"}

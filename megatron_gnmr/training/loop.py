@@ -313,13 +313,16 @@ class Trainer:
             source = own
         else:
             source = t.load or own
+        started = time.perf_counter()
         choice = self.checkpoints.load(source) if source else None
+        load_seconds = round(time.perf_counter() - started, 3)
         self.logger = build_loggers(self.config, self.run_dir, torch.distributed.get_rank(),
                                     resume_step=self.state.step)
         if choice is not None:
             for warning in choice.warnings:
                 self.logger.event(self.state.step, "warning", {"checkpoint": warning})
-            self.logger.event(self.state.step, "resumed", {"path": str(choice.directory)})
+            self.logger.event(self.state.step, "resumed", {"path": str(choice.directory),
+                                                           "seconds": load_seconds})
         if self.run_dir and is_logging_rank():
             self.controller.open_trace(self.run_dir, self.state.step)
         self._announce()

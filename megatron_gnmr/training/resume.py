@@ -11,6 +11,7 @@ that a resume needs; on load the live module's own extra state is put back in th
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from megatron_gnmr.platform import device_audit
 from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.checkpoint_choice import Choice, choose, latest_step
 from megatron_gnmr.training.consensus import on_every_rank
+from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.finetune import adapter_state, load_adapters
 from megatron_gnmr.training.lr_schedule import upgrade_state as upgrade_scheduler_state
 from megatron_gnmr.training.optimizer_state import load_optimizer_state, optimizer_state
@@ -64,12 +66,20 @@ class RunCheckpoints:
         if not math.isfinite(trainer.state.last_loss):  # never a checkpoint of a non-finite step
             trainer.logger.event(step, "checkpoint_skipped", {"reason": "non-finite loss"})
             return
+        started = time.perf_counter()
+        path = self._write(step)  # complete on every rank when this returns
+        seconds = round(time.perf_counter() - started, 3)
+        if is_logging_rank():
+            trainer.logger.event(step, "checkpoint", {
+                "path": str(path), "seconds": seconds,
+                "bytes": sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())})
+
+    def _write(self, step: int) -> Path:
+        trainer = self.trainer
         trainer.controller.verify_agreement(step)
         if trainer.config.training.ckpt_format == "torch_dist":
-            path = dist_run.save(trainer, step, self.settings(), trainer.padded_vocab_size,
+            return dist_run.save(trainer, step, self.settings(), trainer.padded_vocab_size,
                                  trainer.flops_per_step, trainer.faults)
-            trainer.logger.event(step, "checkpoint", {"path": str(path)})
-            return
         state_of = adapter_state if self.adapters_only else model_state
         with trainer.overlap.whole_weights():
             models = [state_of(chunk) for chunk in trainer.model]
@@ -86,9 +96,8 @@ class RunCheckpoints:
         if trainer.config.lora.enabled:  # what merge-lora needs; `base`: adapters-only
             meta["lora"] = {"base": trainer.base if self.adapters_only else None,
                             **trainer.config.to_dict()["lora"]}
-        path = checkpoint.save_checkpoint(trainer.run_dir, step, shard, meta,
+        return checkpoint.save_checkpoint(trainer.run_dir, step, shard, meta,
                                           trainer.config.training.keep_last, trainer.faults)
-        trainer.logger.event(step, "checkpoint", {"path": str(path)})
 
     def keep(self) -> str:
         """Before stopping on bad gradients: make sure the last good state is on disk. The

@@ -3,8 +3,9 @@ model directory that `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)
 `AutoTokenizer.from_pretrained(OUT_DIR)` load with no extra code.
 
 The run's newest intact checkpoint is read in this one process: a torch_dist checkpoint (the
-default format) is resharded to one rank whatever layout wrote it (TP, PP, EP, distributed
-optimizer); a torch-format one must come from a one-process run. The weights go through
+default format) is resharded to one rank whatever layout wrote it (TP, PP, DP, distributed
+optimizer); a torch-format one must come from a one-process run. Dense LLaMAs only: a MoE
+run, a DeepSeek-family run and a LoRA run (merge it first) are refused by name. The weights go through
 `llama.to_hf` into `model.safetensors` in the dtype asked for, beside `config.json`,
 `generation_config.json` and the tokenizer (a SentencePiece model as `tokenizer.model` read
 by transformers' SentencePiece backend, which encodes exactly as we do; a Hugging Face
@@ -49,6 +50,9 @@ def model_on_one_rank(run_dir: Path):
     if config.model.model_family != "llama":
         raise UserError(f"export-hf {run_dir}: --model-family {config.model.model_family} is "
                         "not exported yet (the llama family is)")
+    if config.model.num_experts:
+        raise UserError(f"export-hf {run_dir}: a mixture-of-experts model (--num-experts "
+                        f"{config.model.num_experts}) is not exported yet (dense LLaMAs are)")
     if config.lora.enabled:
         raise UserError(f"export-hf {run_dir}: a LoRA run; merge its adapters first "
                         "(megatron-gnmr merge-lora) and export the merged run")

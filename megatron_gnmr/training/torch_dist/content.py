@@ -4,7 +4,8 @@ Sharded (megatron-core reshards them on load): the model (`sharded_state_dict` o
 chunk) and the optimizer (the distributed optimizer in its fully reshardable form, so TP, PP,
 DP and EP may all change), under Megatron-LM's keys `model` and `optimizer`.
 
-Common (written once, by rank 0, into `common.pt`): Megatron-LM's `args`, `checkpoint_version`,
+Common (written once, by rank 0: into `common.pt` with megatron-core 0.16, as a
+`common_state` byte item with 0.19): Megatron-LM's `args`, `checkpoint_version`,
 `iteration` and `opt_param_scheduler` (so Megatron-LM reads it as one of its own), and ours
 under `megatron_gnmr`: the run state (step = the data position: step x global batch samples),
 the controller (its per-unit state is indexed by unit name, the same in every layout), the

@@ -6,8 +6,9 @@ What megatron-core's torch_dist format reads, and how it would read it at our to
   `FileSystemReader.read_metadata` -- a crafted file runs any code it names;
 - the byte items of `*.distcp` (megatron's ShardedObjects): `torch.load(weights_only=False)` in
   `DefaultLoadPlanner.load_bytes` -- the same;
-- `common.pt`: `torch.load` with torch's default `weights_only=True` and megatron-core's list of
-  safe classes -- data only, but a refused file ends in a traceback.
+- the common state (`common.pt` up to megatron-core 0.16; a `common_state` byte item of the
+  `.distcp` files from 0.19): `torch.load` with torch's default `weights_only=True` and
+  megatron-core's list of safe classes -- data only, but a refused file ends in a traceback.
 
 While `reading_data_only()` is active, `.metadata` is unpickled by an unpickler that builds
 only the classes such an index is made of (torch.distributed.checkpoint's metadata and plan
@@ -106,9 +107,25 @@ def reading_data_only():
         DefaultLoadPlanner.load_bytes = original_bytes
 
 
-def read_common(path) -> dict:
-    """`common.pt` as data (megatron-core's safe classes: its `args` namespace)."""
+def read_common(directory) -> dict:
+    """The checkpoint's common state (Megatron-LM's `args`, `iteration`, ... and ours), as
+    data: `common.pt` where megatron-core writes one (0.16), else the `common_state` byte item
+    that newer releases (0.19) keep inside the torch_dist files, through this module's
+    readers."""
+    from pathlib import Path
+
+    legacy = Path(directory) / "common.pt"
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise CheckpointNotData(f"common.pt is not data ({type(error).__name__})") from None
+        if legacy.is_file():
+            return torch.load(legacy, map_location="cpu", weights_only=True)
+        from megatron.core.dist_checkpointing import serialization
+
+        with reading_data_only():
+            return serialization.load_common_state_dict(str(directory))
+    except CheckpointNotData:
+        raise
+    except BaseException as error:  # torch's CheckpointException is a BaseException
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise CheckpointNotData(f"its common state is not data ({type(error).__name__})") \
+            from None

@@ -1,7 +1,7 @@
 """The torch_dist checkpoint on disk: Megatron-LM's layout, complete or invisible.
 
 Layout (Megatron-LM's, so its loader finds it): `<save>/iter_0000100/` holding megatron-core's
-`dist_checkpointing` files (`.metadata`, `__<rank>_<n>.distcp`, `common.pt`, `metadata.json`)
+`dist_checkpointing` files (`.metadata`, `__<rank>_<n>.distcp`, `metadata.json`, `common.pt` up to 0.16)
 and ours, `megatron_gnmr.json` (the size and sha256 of every file, the layout it was written
 in, the settings a resume checks); `<save>/latest_checkpointed_iteration.txt` names the newest.
 

@@ -94,15 +94,15 @@ def save(trainer, step: int, settings: dict, padded_vocab_size: int,
 
 
 def read_saved(directory: Path) -> dict:
-    """The checkpoint's own state (`megatron_gnmr` of common.pt) and its scheduler."""
+    """The checkpoint's own state (`megatron_gnmr` of the common state) and its scheduler."""
     try:
-        common = read_common(directory / "common.pt")
+        common = read_common(directory)
     except CheckpointNotData as error:
         raise UserError(f"--load {directory}: {error}; load an older checkpoint") from None
     ours = common.get("megatron_gnmr")
     if not isinstance(ours, dict):
         raise UserError(f"--load {directory}: not written by megatron-gnmr (no megatron_gnmr "
-                        "state in common.pt)")
+                        "state in its common state)")
     from megatron_gnmr.training.safe_state import from_plain
 
     return {**from_plain(ours), "opt_param_scheduler": common.get("opt_param_scheduler")}
