@@ -83,8 +83,17 @@ def pretrain(scenario: Scenario, smoke: bool, cache_dir: str) -> Path:
 
 
 def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2,
-              variants: list[str] | None = None) -> dict:
+              variants: list[str] | None = None, seeds: list[int] | None = None) -> dict:
     runs = scenario.runs(smoke)
+    if seeds:
+        unknown = sorted(set(seeds) - {seed for _, seed, _ in runs})
+        if unknown:
+            raise UserError(f"reproduce {scenario.name} --seeds: no seed "
+                            f"{', '.join(map(str, unknown))} in the scenario")
+        # seed by seed, every arm of a seed together: a run interrupted halfway leaves whole
+        # seeds (the arms of a seed pair only when made on one machine)
+        runs = sorted((run for run in runs if run[1] in seeds),
+                      key=lambda run: seeds.index(run[1]))
     if variants:
         unknown = sorted(set(variants) - set(scenario.variants))
         if unknown:
@@ -104,9 +113,9 @@ def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2,
         for future in tqdm(as_completed(futures), total=len(futures), desc=scenario.name,
                            unit="run"):
             future.result()
-    if variants and set(variants) != set(scenario.variants):
-        print(f"reproduce {scenario.name}: ran {', '.join(variants)} only; the tables come "
-              "once every variant has run")
+    if (variants and set(variants) != set(scenario.variants)) or seeds:
+        print(f"reproduce {scenario.name}: ran a part of it; the tables come once every "
+              "variant and seed has run (or from compare-closed-loop)")
         return {}
     results = summarize(scenario, out, smoke)
     results["wall_time_s"] = round(time.time() - start, 1)
@@ -136,6 +145,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     parser.add_argument("--variants", nargs="+", default=None, metavar="NAME",
                         help="run these variants only (no tables until every variant has run)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, metavar="SEED",
+                        help="run these seeds only, seed by seed (no tables)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -143,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.jobs < 1:
         raise UserError("--jobs must be >= 1")
     out = results_dir(scenario, args.out, args.smoke)
-    results = reproduce(scenario, out, args.smoke, args.jobs, args.variants)
+    results = reproduce(scenario, out, args.smoke, args.jobs, args.variants, args.seeds)
     if results:
         print((out / "results.md").read_text())
     return results
