@@ -1,8 +1,8 @@
 """The torch_dist checkpoint (the default format) on real process groups: a same-layout
-resume is bit for bit; a resume on another layout (TP 2 -> 1, PP 1 -> 2, DP 2 -> 1 with the
-distributed optimizer, EP 2 -> 1) continues within a bound measured here; a real SIGTERM
-saves the step and exits 0; a kill during a save, a corrupt file and crafted files are safe;
-and megatron-core's own loader reads it into a model built as Megatron-LM builds one.
+resume is bit for bit; a resume on another layout (TP 2 -> 1, PP 1 -> 2, DP 2 -> 1 with and
+without the distributed optimizer, EP 2 -> 1) continues within a bound measured here; a real
+SIGTERM saves the step and exits 0; a kill during a save keeps the previous checkpoint (a
+corrupt file, crafted files and megatron-core's own loader: test_dist_checkpoint_safety.py).
 
 The bound of a resharded resume: the resumed run's next 20 losses against the uninterrupted
 run on the source layout, relative. A layout sums its partial products in another order, so
@@ -37,15 +37,18 @@ COMMON = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "2", "--save-int
           "--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--monitors", "attention",
           "--monitor-interval", "4", "--monitor-delta", "2"]
 MOE = ["--num-experts", "4", "--moe-router-topk", "2"]
-# source layout -> target layout, all in a world of 2 but DP 2 -> 1 (world 1)
+# source layout -> target layout, all in a world of 2 but DP 2 -> 1 (a world of 1)
 CASES = {
     "tp2_to_tp1": (["--tensor-model-parallel-size", "2"], []),
     "pp1_to_pp2": ([], ["--pipeline-model-parallel-size", "2"]),
+    "dp2_to_dp1": ([], []),
     "dp2_to_dp1_distopt": (["--use-distributed-optimizer"], ["--use-distributed-optimizer"]),
     # an EP change reshards the expert optimizer state through the distributed optimizer
     "ep2_to_ep1_distopt": ([*MOE, "--expert-model-parallel-size", "2",
                             "--use-distributed-optimizer"], [*MOE, "--use-distributed-optimizer"]),
 }
+
+WORLD_OF_ONE = ("dp2_to_dp1", "dp2_to_dp1_distopt")
 
 
 def _args(case: str, side: int, run, steps: int) -> list[str]:
@@ -63,12 +66,13 @@ def resumed(tmp_path_factory):
                for c in CASES], nproc=2)
     shutil.copytree(root / "tp2_to_tp1" / "resumed", root / "tp2_to_tp1" / "misplaced")
     run_batch([[*_args(c, 1, root / c / "resumed", full), "--resume", "auto",
-                "--override-opt-param-scheduler"] for c in CASES if c != "dp2_to_dp1_distopt"]
+                "--override-opt-param-scheduler"] for c in CASES if c not in WORLD_OF_ONE]
               + [{"argv": [*_args("tp2_to_tp1", 1, root / "tp2_to_tp1" / "misplaced", full),
                            "--resume", "auto", "--override-opt-param-scheduler"],
                   "defect": "reshard_misplaced"}], nproc=2)
-    run_pretrain([*_args("dp2_to_dp1_distopt", 1, root / "dp2_to_dp1_distopt" / "resumed",
-                         full), "--resume", "auto"], new_process=True)
+    for case in WORLD_OF_ONE:
+        run_pretrain([*_args(case, 1, root / case / "resumed", full), "--resume", "auto"],
+                     new_process=True)
     return root
 
 

@@ -1,9 +1,9 @@
 """The LLaMA family's weights in Hugging Face's names and layout (`LlamaForCausalLM`), both
 ways: a pure function of full (unsharded) state dicts.
 
-megatron's fused QKV weight is interleaved per query group: for each group g, the rows of its
-query heads, then its key head, then its value head (`model_families/llama.py`); Hugging Face
-keeps q_proj, k_proj and v_proj apart, heads in order. megatron's fc1 stacks [gate; up];
+megatron's fused QKV weight is interleaved per query group (the family's file owns that layout:
+`model_families/llama.py`, `unfused_qkv` / `fused_qkv`); Hugging Face keeps q_proj, k_proj and
+v_proj apart, heads in order. megatron's fc1 stacks [gate; up];
 Hugging Face has gate_proj and up_proj. RoPE needs no permutation: megatron's default
 (`rotary_interleaved=False`) rotates halves of each head, as Hugging Face's `rotate_half`.
 A zero-centred norm (--apply-layernorm-1p) stores gamma - 1; Hugging Face stores gamma.
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from megatron_gnmr.model_families.llama import head_dim
+from megatron_gnmr.model_families.llama import PROJ, QKV, fused_qkv, head_dim, unfused_qkv
+
+ATTENTION = "self_attention."
 
 
 def _shape(config) -> tuple[int, int, int, int]:
@@ -23,21 +25,19 @@ def _shape(config) -> tuple[int, int, int, int]:
 
 
 def to_hf(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-    heads, groups, d, h = _shape(config)
-    per = heads // groups
     one = 1.0 if config.model.apply_layernorm_1p else 0.0
     out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
            "model.norm.weight": state["decoder.final_layernorm.weight"] + one,
            "lm_head.weight": state["output_layer.weight"]}
     for layer in range(config.model.num_layers):
         ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
-        qkv = state[ours + "self_attention.linear_qkv.weight"].reshape(groups, per + 2, d, h)
+        q, k, v = unfused_qkv(state[f"{ours}{ATTENTION}{QKV}.weight"], config.model)
         gate, up = state[ours + "mlp.linear_fc1.weight"].chunk(2, dim=0)
         out.update({
-            theirs + "self_attn.q_proj.weight": qkv[:, :per].reshape(heads * d, h),
-            theirs + "self_attn.k_proj.weight": qkv[:, per].reshape(groups * d, h),
-            theirs + "self_attn.v_proj.weight": qkv[:, per + 1].reshape(groups * d, h),
-            theirs + "self_attn.o_proj.weight": state[ours + "self_attention.linear_proj.weight"],
+            theirs + "self_attn.q_proj.weight": q,
+            theirs + "self_attn.k_proj.weight": k,
+            theirs + "self_attn.v_proj.weight": v,
+            theirs + "self_attn.o_proj.weight": state[f"{ours}{ATTENTION}{PROJ}.weight"],
             theirs + "mlp.gate_proj.weight": gate,
             theirs + "mlp.up_proj.weight": up,
             theirs + "mlp.down_proj.weight": state[ours + "mlp.linear_fc2.weight"],
@@ -50,8 +50,6 @@ def to_hf(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
 
 def from_hf(weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf` (a tied model's lm_head is its embedding)."""
-    heads, groups, d, h = _shape(config)
-    per = heads // groups
     one = 1.0 if config.model.apply_layernorm_1p else 0.0
     head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
     out = {"embedding.word_embeddings.weight": weights["model.embed_tokens.weight"],
@@ -59,13 +57,10 @@ def from_hf(weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]
            "output_layer.weight": head}
     for layer in range(config.model.num_layers):
         ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
-        q = weights[theirs + "self_attn.q_proj.weight"].reshape(groups, per, d, h)
-        k = weights[theirs + "self_attn.k_proj.weight"].reshape(groups, 1, d, h)
-        v = weights[theirs + "self_attn.v_proj.weight"].reshape(groups, 1, d, h)
+        q, k, v = (weights[f"{theirs}self_attn.{name}_proj.weight"] for name in "qkv")
         out.update({
-            ours + "self_attention.linear_qkv.weight":
-                torch.cat([q, k, v], dim=1).reshape((heads + 2 * groups) * d, h),
-            ours + "self_attention.linear_proj.weight": weights[theirs + "self_attn.o_proj.weight"],
+            f"{ours}{ATTENTION}{QKV}.weight": fused_qkv(q, k, v, config.model),
+            f"{ours}{ATTENTION}{PROJ}.weight": weights[theirs + "self_attn.o_proj.weight"],
             ours + "mlp.linear_fc1.weight": torch.cat([weights[theirs + "mlp.gate_proj.weight"],
                                                        weights[theirs + "mlp.up_proj.weight"]]),
             ours + "mlp.linear_fc2.weight": weights[theirs + "mlp.down_proj.weight"],
