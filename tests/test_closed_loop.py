@@ -8,6 +8,8 @@ import math
 
 import pytest
 
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.experiments import closed_loop_earlier
 from megatron_gnmr.experiments.closed_loop import comparisons, outcomes, variant_rows
 from megatron_gnmr.experiments.closed_loop_runs import run_summary
 from megatron_gnmr.experiments.closed_loop_statistics import fisher_one_sided, harm_margin
@@ -71,6 +73,35 @@ def test_the_comparisons_by_hand():
     # diverged 1/3 vs 3/3: 4 in 6; P(X <= 1) = C(3,1) C(3,3) / C(6,4) = 3 / 15
     assert rows[("loop-early", "no-control")]["diverged"] == "1/3 vs 3/3, p = 0.2"
     assert ("loop-early", "exact-attention") not in rows
+
+
+def _earlier(directory, name, cpu, **fields):
+    directory.mkdir(exist_ok=True)
+    record = {"run": name, "finished": True, "steps": 1200, "diverged_at": 1200,
+              "first_attention_alarm": None, "alarms": 0, "first_recovery": None,
+              "recovered_unit_step_share": 0.0, "final_train_loss": 5.3,
+              "final_valid_loss": 5.0, "cpu": cpu, **fields}
+    (directory / f"{name}.json").write_text(json.dumps(record))
+
+
+def test_an_earlier_round_fills_only_what_is_missing_and_only_from_the_same_cpu(tmp_path):
+    """The earlier round's twin of seed 4 (absent here) joins the table with its divergence;
+    its twin of seed 1 (present here) does not replace this round's; one made on another CPU
+    model is refused by name."""
+    earlier = tmp_path / "issue30"
+    _earlier(earlier, "loop-no-budget-seed4", "test CPU", diverged_at=800)
+    _earlier(earlier, "loop-no-budget-seed1", "test CPU", diverged_at=5)
+    table = {arm: dict(runs) for arm, runs in TABLE.items()}
+    added = closed_loop_earlier.merge(table, earlier, list(TABLE), [1, 2, 3, 4])
+    assert added == ["loop-no-budget-seed4"]
+    assert table["loop-no-budget"][4]["diverged_at"] == 800
+    assert table["loop-no-budget"][1]["diverged_at"] == 1100  # this round's own
+    row = next(r for r in variant_rows(table) if r["arm"] == "loop-no-budget")
+    assert row["diverged"] == "3 / 4"
+    _earlier(earlier, "no-control-seed4", "another CPU")
+    with pytest.raises(UserError, match="no-control-seed4.json: made on 'another CPU'"):
+        closed_loop_earlier.merge({arm: dict(runs) for arm, runs in TABLE.items()}, earlier,
+                                  list(TABLE), [4])
 
 
 @pytest.mark.parametrize("a, n_a, b, n_b", [(0, 16, 14, 16), (3, 10, 5, 12), (2, 2, 0, 3)])

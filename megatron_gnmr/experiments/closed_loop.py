@@ -24,6 +24,7 @@ import statistics
 from pathlib import Path
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.experiments import closed_loop_earlier
 from megatron_gnmr.experiments.closed_loop_runs import run_summary
 from megatron_gnmr.experiments.closed_loop_statistics import (
     fisher_one_sided,
@@ -74,9 +75,9 @@ def outcomes(table: dict[str, dict[int, dict]]) -> dict[str, dict[int, dict]]:
 
 def follows_twin(run: dict, twin: dict | None) -> bool | None:
     """The run's loss equals its twin's at every 25th step before its first recovery."""
-    if twin is None or run["first_recovery"] is None:
-        return None
-    a, b = run["loss_every_25_steps"], twin["loss_every_25_steps"]
+    a, b = run["loss_every_25_steps"], twin["loss_every_25_steps"] if twin else {}
+    if not a or not b or run["first_recovery"] is None:
+        return None  # no twin, no recovery, or a run of an earlier round (no curve)
     shared = [s for s in a if s in b and int(s) < run["first_recovery"]]
     return bool(shared) and all(a[s] == b[s] for s in shared)
 
@@ -142,7 +143,7 @@ def _markdown_table(rows: list[dict]) -> list[str]:
             *["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]]
 
 
-def markdown(table: dict) -> str:
+def markdown(table: dict, earlier: list[str] = ()) -> str:
     verdicts = outcomes(table)
     runs = [r for arm in table.values() for r in arm.values()]
     cpus = sorted({r.get("cpu") or "?" for r in runs})
@@ -155,6 +156,9 @@ def markdown(table: dict) -> str:
     lines += _markdown_table(comparisons(table))
     lines += ["", f"Runs made on: {', '.join(cpus)} (pairs by seed are bitwise comparable only "
                   f"on one CPU); code: {', '.join(c[:12] for c in commits) or '?'}."]
+    if earlier:
+        lines += ["", f"From the earlier round (same CPU model, no loss curve): "
+                      f"{', '.join(earlier)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -172,7 +176,7 @@ def plot(table: dict, path: Path) -> None:
                                 squeeze=False)
     for ax, seed in zip(axes.flat, seeds):
         for variant, runs in table.items():
-            if seed in runs:
+            if seed in runs and runs[seed]["loss_every_25_steps"]:
                 curve = runs[seed]["loss_every_25_steps"]
                 ax.plot([int(s) for s in curve], list(curve.values()), label=variant,
                         linewidth=1.2 if variant.startswith("loop-early") else 0.8)
@@ -192,6 +196,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="a scenario whose runs stop once diverged "
                         "(attention_closed_loop)")
     add_location_arguments(parser)
+    parser.add_argument("--earlier", default=None, metavar="DIR", help="summaries of an "
+                        "earlier round made on the same CPU model (e.g. docs/runs/"
+                        "attention_closed_loop_issue30) for the arms and seeds this round lacks")
     parser.add_argument("--plot", default=None, help="the loss curves' PNG (default: "
                         "SUMMARIES/loss_curves.png)")
 
@@ -199,10 +206,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> str:
     scenario, runs, summaries = locations(args)
     table = collect(scenario, runs, summaries, run_summary)
+    added = []
+    if args.earlier:
+        added = closed_loop_earlier.merge(table, Path(args.earlier), scenario.variants,
+                                          scenario.seeds)
     if not table:
         raise UserError(f"compare-closed-loop {scenario.name}: no finished run in {runs} and "
                         f"no summary in {summaries}")
-    text = markdown(table)
+    text = markdown(table, added)
     (summaries / "table.md").write_text(text)
     plot(table, Path(args.plot) if args.plot else summaries / "loss_curves.png")
     print(text)
