@@ -1,4 +1,5 @@
-"""`megatron-gnmr estimate-memory`: the memory per GPU of a layout, before a launch.
+"""`megatron-gnmr estimate-memory`: the memory per GPU of a layout and the size of its
+checkpoints, before a launch.
 
     megatron-gnmr estimate-memory --world-size 64 --config configs/llama2_7b.yaml [flags]
 
@@ -20,6 +21,7 @@ def add_arguments(parser) -> None:
 def run(args) -> None:
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.errors import UserError
+    from megatron_gnmr.training import checkpoint_size
     from megatron_gnmr.training.memory_estimate import estimate
     from megatron_gnmr.validation import validate_layout, validate_model, validate_scale_features
 
@@ -29,4 +31,5 @@ def run(args) -> None:
     validate_model(config)
     validate_layout(config, args.world_size)
     validate_scale_features(config)
-    print("\n".join(estimate(config, args.world_size).lines()))
+    print("\n".join([*estimate(config, args.world_size).lines(),
+                     *checkpoint_size.lines(config, args.world_size)]))

@@ -62,7 +62,7 @@ def estimate(config, world_size: int) -> MemoryEstimate:
     tp, pp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
                   p.expert_model_parallel_size)
     dp = max(world_size // (tp * pp), 1)
-    dense, experts = _parameters_per_rank(config)
+    dense, experts = parameters_per_rank(config)
     weight_bytes = 2 if t.bf16 else 4
     optimizer_bytes = 8 + (4 if t.bf16 else 0)
     dense_share = 1 / dp if p.use_distributed_optimizer else 1
@@ -81,7 +81,7 @@ def estimate(config, world_size: int) -> MemoryEstimate:
         activations=activations, activation_note=activation_note, note=note)
 
 
-def _parameters_per_rank(config) -> tuple[int, int]:
+def parameters_per_rank(config) -> tuple[int, int]:
     """(dense, expert) parameters on the busiest pipeline stage of one rank."""
     m, p = config.model, config.parallel
     tp, pp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
