@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
         runner,
         signal_comparison,
     )
-    from megatron_gnmr.interop import flags_command
+    from megatron_gnmr import flag_table
     from megatron_gnmr.interop.hf import export as export_hf
     from megatron_gnmr.interop.hf import importer as import_hf
     from megatron_gnmr.observe import dashboard, report
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         ("calibrate", calibrate_command, "the units to keep in BF16, as Megatron's precision config"),
         ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),
         ("merge-lora", merge_lora, "a LoRA run's adapters merged into its base's weights"),
-        ("megatron-flags", flags_command, "how each Megatron-LM flag is read here"),
+        ("megatron-flags", flag_table, "how each Megatron-LM flag is read here"),
         ("export-hf", export_hf, "a run as a Hugging Face transformers model directory"),
         ("import-hf", import_hf, "a Hugging Face LLaMA as a checkpoint to fine-tune"),
     ):

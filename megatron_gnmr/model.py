@@ -140,7 +140,8 @@ def layer_spec(config: RunConfig, moe: bool = True):
     spec = family.local_layer_spec(config, num_experts)
     from megatron_gnmr.precision.attention_fault import switchable_attention
 
-    if config.training.emulated_attention or switchable_attention(config):
+    if config.training.emulated_attention or switchable_attention(config) or \
+            getattr(family, "needs_emulated_core_attention", False):
         from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
 
         spec = copy.deepcopy(spec)

@@ -99,7 +99,7 @@ def test_fp8_format_keeps_megatron_lms_meaning():
 
 
 def test_the_command_prints_the_table():
-    from megatron_gnmr.interop.flags_command import table
+    from megatron_gnmr.flag_table import table
 
     text = table(["--swiglu", "--fp16", "--lr", "--not-a-flag"])
     assert "| `--swiglu` | family choice |" in text and "| `--fp16` | refused |" in text

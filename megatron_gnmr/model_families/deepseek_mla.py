@@ -127,15 +127,15 @@ class DeepSeekMLA:
             # fine-tuning step; megatron's MLA default)
             "rope_type": "rope", "rotary_scaling_factor": 1.0}
 
-    def local_layer_spec(self, config, num_experts: int | None):
-        """megatron's local MLA layer. Its core attention is the emulated flash attention
-        (exact unless a low-precision attention is asked for): megatron's local
-        `DotProductAttention` takes no separate key and value widths."""
-        from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
+    # megatron's local `DotProductAttention` takes no separate key and value widths: the
+    # model builder gives the local MLA layer the emulated flash attention as its core
+    # attention (exact unless a low-precision attention is asked for)
+    needs_emulated_core_attention = True
 
+    def local_layer_spec(self, config, num_experts: int | None):
+        """megatron's local MLA layer (its core attention: see above)."""
         spec = megatron_compat.local_layer_spec(num_experts, multi_latent_attention=True,
                                                 qk_layernorm=_latent_norms(config))
-        megatron_compat.attention_submodules(spec).core_attention = EmulatedFlashAttention
         return _with_routable_attention(spec)
 
     def te_layer_spec(self, config, num_experts: int | None):
