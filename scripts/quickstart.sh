@@ -28,7 +28,7 @@ alarms = [r for r in records if r.get("event") == "alarm"]
 print(f"attention monitor: {len(checks)} checks, {len(alarms)} alarms")
 print(f"results in {sys.argv[1]}/: report.png (loss, GNMR scores, which units ran the "
       "recovery path when, monitor signals), metrics.jsonl, gnmr_trace.jsonl, summary.json, "
-      "checkpoints/")
+      "iter_*/ (checkpoints)")
 ok = last < first and last < h
 print("OK: the model learned (below step 0 and below the unigram entropy)" if ok else "NOT OK")
 sys.exit(0 if ok else 1)
