@@ -21,9 +21,9 @@ bash scripts/setup_env.sh
 .venv/bin/python -W ignore -c "import sys, torch, megatron.core as m; print(
     f'tests: python {sys.version.split()[0]}, torch {torch.__version__}, '
     f'megatron-core {m.__version__}, {\"$tier\"} tier')"
-# A test still running after 20 minutes (the slowest take about 3) prints every thread's
+# A test still running after 15 minutes (the slowest take about 3) prints every thread's
 # stack, so a hang shows where it is instead of only reaching CI's limit.
-DIAGNOSE=(-o faulthandler_timeout=1200)
+DIAGNOSE=(-o faulthandler_timeout=900)
 if [ "$tier" = fast ]; then
   exec .venv/bin/python -m pytest tests -q -rs -n 2 --dist loadfile "${DIAGNOSE[@]}" \
     -m "not slow" "$@"

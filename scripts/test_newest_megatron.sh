@@ -23,7 +23,7 @@ PRE_INSTALL="--ignore-requires-python --no-deps megatron-core==$NEWEST numpy==2.
     f'newest megatron: python {sys.version.split()[0]}, torch {torch.__version__}, '
     f'megatron-core {m.__version__}, numpy {numpy.__version__}')"
 exec .venv-newest/bin/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile \
-  -o faulthandler_timeout=1200 \
+  -o faulthandler_timeout=900 \
   tests/test_megatron_compat.py tests/test_training_in_process.py tests/test_precision_paths.py \
   tests/test_te_path.py tests/test_cpu_patches.py tests/distributed/test_precision_tp.py \
   tests/distributed/test_monitors.py tests/distributed/test_parallel_training.py \

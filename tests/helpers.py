@@ -16,11 +16,13 @@ PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 # The limit of any process a test launches: not a performance bound, only what ends a hung
-# launch. The longest launch measured takes about 1-2 minutes on a quiet 2-core machine (the
-# TP=2 batch of tests/distributed/test_precision_tp.py); a slow CPU or a busy machine doubles
-# that or more, and CI allows 90 minutes for everything, so 30 minutes is > 10x the
-# measurement and still ends a hang well within CI's limit.
-LAUNCH_TIMEOUT_S = 1800
+# launch. The longest launch measured takes about 1-2 minutes on a quiet 2-core machine and
+# 2.7 minutes beside the other test worker (the TP=2 batch of
+# tests/distributed/test_precision_tp.py); CI allows 90 minutes for everything, of which the
+# suite, the offline install and the newest megatron-core take about 50, so 15 minutes is
+# over 5x the slowest measurement and leaves a hang the time to be reported (with its
+# stacks: `launch`).
+LAUNCH_TIMEOUT_S = 900
 
 # A model small enough that a 2-process launch takes seconds; the data is the prepared
 # Shakespeare corpus in the repository's cache (run_tests.sh prepares it).
@@ -49,12 +51,40 @@ def run_pretrain(args: list[str], nproc: int = 1, check: bool = True,
     else:
         command = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", *torchrun_args,
                    script, *args]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=timeout)
+    result = launch(command, env, timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(command)} failed ({result.returncode}):\n"
                              f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result
+
+
+def launch(command: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:
+    """`subprocess.run` in the repository, output captured; a launch still running at
+    `timeout` has every process of its tree print its Python stacks (faulthandler, on
+    SIGABRT) before it ends, and the failure shows them: a hang says where it hung."""
+    import signal
+
+    import psutil
+
+    env = dict(env, PYTHONFAULTHANDLER="1")
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tree = psutil.Process(process.pid).children(recursive=True)
+            for member in [*tree, psutil.Process(process.pid)]:
+                with contextlib.suppress(psutil.Error):
+                    member.send_signal(signal.SIGABRT)
+            try:
+                out, err = process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+            raise AssertionError(f"{' '.join(command)} still running after {timeout} s; "
+                                 f"the stacks of its processes:\n{out[-3000:]}\n"
+                                 f"{err[-30000:]}") from None
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 def _in_this_process(args: list[str], check: bool) -> subprocess.CompletedProcess:
@@ -110,8 +140,7 @@ def run_batch(runs: list[list[str]], nproc: int = 1, timeout: int = LAUNCH_TIMEO
     command = [PYTHON, script, file.name] if nproc == 1 else \
         [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", script, file.name]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=timeout)
+    result = launch(command, env, timeout)
     os.unlink(file.name)
     if result.returncode != 0:
         raise AssertionError(f"batch of {len(runs)} runs failed ({result.returncode}):\n"
