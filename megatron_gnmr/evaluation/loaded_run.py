@@ -6,6 +6,7 @@ adapters), in the precision a deployment would run: every unit on the run's low-
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.kept_high import kept_high
 from megatron_gnmr.training import checkpoint
-from megatron_gnmr.training.checkpoint_choice import choose
+from megatron_gnmr.training.checkpoint_choice import choose, newest_format
 from megatron_gnmr.training.finetune import (
     is_adapter_key,
     load_adapters,
@@ -112,7 +113,15 @@ def load_run(run_dir: str, exact: bool = False, data_path: list[str] | None = No
 
     directory = Path(run_dir)
     config = run_config(directory)
-    if config.parallel.pipeline_model_parallel_size > 1:
+    p = config.parallel
+    if newest_format(str(directory)) == "torch_dist" and \
+            int(os.environ.get("WORLD_SIZE", "1")) % p.tensor_model_parallel_size:
+        # resharded on load: a launch too small for the run's layout evaluates unsplit
+        p.tensor_model_parallel_size = p.pipeline_model_parallel_size = 1
+        p.expert_model_parallel_size = 1
+        p.use_distributed_optimizer = p.sequence_parallel = False
+        p.overlap_grad_reduce = p.overlap_param_gather = False
+    if p.pipeline_model_parallel_size > 1:
         raise UserError(f"evaluate {run_dir}: pipeline-parallel runs are not supported yet")
     distributed.initialize(config)
     data = _held_out_data(config, data_path)

@@ -46,6 +46,14 @@ def _candidates(load: str, wanted_step: int | None) -> list[tuple[Path, str]]:
         [c for c in merged if c not in pointers]
 
 
+def newest_format(load: str) -> str | None:
+    """The format of the checkpoint `choose` would try first, read from this process's view
+    of the files alone (not collective, no integrity check: what to set up before the
+    process group exists)."""
+    candidates = _candidates(load, None)
+    return candidates[0][1] if candidates else None
+
+
 def _problem(directory: Path, kind: str) -> str | None:
     return dist_files.problem_on_disk(directory) if kind == "torch_dist" else \
         checkpoint.intact_on_disk(directory)
