@@ -5,6 +5,7 @@
 - the `slow` tier: tests that launch training processes (torchrun, the entry point,
   `reproduce`). `bash scripts/run_tests.sh --fast` leaves them out; the fast tier still
   trains in-process (`tests/test_training_in_process.py`), so it touches every module;
+- each test leaves os.environ as it found it;
 - the summary says whether the GPU tests could run here, and why not.
 """
 
@@ -31,6 +32,19 @@ def pytest_configure(config):
                     r"ignore::DeprecationWarning"):  # megatron/torch deprecations, not ours
         config.addinivalue_line("filterwarnings", pattern)
     config.addinivalue_line("markers", "slow: launches training processes (full suite only)")
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_found():
+    """Each test leaves the environment as it found it, as a process of its own would:
+    megatron-core's model sets NVTE_FLASH_ATTN / NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN for its
+    attention backend and asserts on them when the next model is built in the process."""
+    import os
+
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
 
 
 def pytest_collection_modifyitems(items):

@@ -150,16 +150,14 @@ def run_batch(runs: list[list[str]], nproc: int = 1, timeout: int = LAUNCH_TIMEO
 def pretrain_in_process(args: list[str]) -> int:
     """The entry point in this process (a world of one): its exit status. Everything it
     leaves initialised (process group, megatron's parallel state) is torn down, so the next
-    call starts clean, the environment included (megatron-core's model sets the NVTE_*_ATTN
-    variables of its --attention-backend, and asserts on them in the next model it builds).
-    Read its output with pytest's `capfd`."""
+    call starts clean (the environment: conftest's `_environment_as_found`). Read its output
+    with pytest's `capfd`."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     from pretrain_llama import main
 
     from megatron_gnmr.training import distributed
 
-    environment = dict(os.environ)
     try:
         main(args)
         return 0
@@ -167,5 +165,3 @@ def pretrain_in_process(args: list[str]) -> int:
         return exit.code
     finally:
         distributed.shutdown()
-        os.environ.clear()
-        os.environ.update(environment)
