@@ -64,6 +64,10 @@ def test_a_run_that_left_its_twin_before_recovering_is_counted():
                                      1: summary(None, 900, 0.3, curve={"25": 6.0, "50": 5.4})}}
     row = next(r for r in variant_rows(table) if r["arm"] == "loop-early")
     assert row["follows its twin until its first recovery"] == "1 / 2"
+    # recovering before step 25, the first step compared, leaves nothing to check
+    table["loop-early"][1] = summary(None, 20, 0.3, curve={"25": 6.0, "50": 5.4})
+    row = next(r for r in variant_rows(table) if r["arm"] == "loop-early")
+    assert row["follows its twin until its first recovery"] == "1 / 1"
 
 
 def test_the_comparisons_by_hand():

@@ -79,7 +79,9 @@ def follows_twin(run: dict, twin: dict | None) -> bool | None:
     if not a or not b or run["first_recovery"] is None:
         return None  # no twin, no recovery, or a run of an earlier round (no curve)
     shared = [s for s in a if s in b and int(s) < run["first_recovery"]]
-    return bool(shared) and all(a[s] == b[s] for s in shared)
+    if not shared:
+        return None  # recovered before the first step compared (25): nothing to check
+    return all(a[s] == b[s] for s in shared)
 
 
 def variant_rows(table: dict[str, dict[int, dict]]) -> list[dict]:
