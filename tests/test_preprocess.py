@@ -69,3 +69,24 @@ def test_the_reference_holds_what_it_should():
         tokens = data[sequence]
         assert tokens[-1] == ids[config["eos_token"]]
         assert tokens[0] != ids[config["bos_token"]]
+
+
+def test_workers_die_on_terminate_whatever_the_parent_does_with_sigterm():
+    """A process that trained before (its preemption handler only notes SIGTERM) forks
+    tokenizing workers that still die on SIGTERM: the pool's terminate() at the end of
+    prepare-data waited forever on workers that inherited the noting handler (a hung CI)."""
+    import signal
+
+    from megatron_gnmr.data.preprocess import _worker_pool
+
+    flags = TOKENIZERS["sentencepiece"]
+    tokenizer = {flags[i][2:].replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)}
+    noted = []
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: noted.append(number))
+    try:
+        pool = _worker_pool(2, tokenizer)
+        with pool:
+            assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the parent's kept
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -22,6 +22,8 @@ import gzip
 import json
 import multiprocessing
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -62,6 +64,21 @@ def _documents(inputs: list[Path], keys: list[str]) -> Iterator[tuple[dict, int]
 
 
 _WORKER_TOKENIZER = None
+
+
+def _worker_pool(workers: int, tokenizer_args: dict):
+    """The tokenizing processes, forked where the platform forks, with SIGTERM's default
+    action: a forked worker inherits its parent's handlers, and one that only notes SIGTERM
+    (a training run's preemption handler, in a process that trained before) survives the
+    pool's terminate(), whose join then waits forever."""
+    context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+    if threading.current_thread() is not threading.main_thread():
+        return context.Pool(workers, initializer=_start_worker, initargs=(tokenizer_args,))
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        return context.Pool(workers, initializer=_start_worker, initargs=(tokenizer_args,))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _start_worker(tokenizer_args: dict) -> None:
@@ -120,8 +137,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_args: dict,
     total_bytes = sum(p.stat().st_size for p in paths)
     counts = {"documents": 0, "tokens": 0}
     encode = _encode_appending_eod if append_eod else _encode
-    context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-    with context.Pool(workers, initializer=_start_worker, initargs=(tokenizer_args,)) as pool, \
+    with _worker_pool(workers, tokenizer_args) as pool, \
             tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing",
                  disable=quiet) as progress:
         window: list[tuple[dict, int]] = []

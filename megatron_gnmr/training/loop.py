@@ -170,7 +170,7 @@ class Trainer:
         self.logger = NullLogger()  # real loggers open after --load is validated
         self.forward_backward = get_forward_backward_func()
         self.housekeeping = Housekeeping(config.housekeeping, t.save)
-        self.exit_requests = ExitRequests(t)  # SIGTERM, --exit-duration-in-mins
+        self.exit_requests: ExitRequests | None = None  # run() installs them
         self.padded_vocab_size = padded_vocab_size(self.data.tokenizer.vocab_size, config)
         self.flops_per_step = step_flops(config, self.padded_vocab_size)
         self.checkpoints = RunCheckpoints(self)
@@ -303,6 +303,9 @@ class Trainer:
     # -- the run -----------------------------------------------------------------------
     def run(self) -> dict:
         t = self.config.training
+        # SIGTERM and --exit-duration-in-mins, for the run's lifetime: close() gives the
+        # signals back (a process that builds a Trainer and fails keeps its own handlers)
+        self.exit_requests = ExitRequests(t)
         run_directory.honour_stop_marker(t.save)
         if t.overwrite and is_logging_rank():
             run_directory.clear_for_overwrite(t.save)
@@ -432,4 +435,5 @@ class Trainer:
         self.logger.close()
         self.train_reader.close()
         self.housekeeping.close()
-        self.exit_requests.close()
+        if self.exit_requests is not None:
+            self.exit_requests.close()
