@@ -176,17 +176,20 @@ def plot(table: dict, path: Path) -> None:
     rows = -(-len(seeds) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.6 * rows), sharey=True,
                                 squeeze=False)
+    colors = {variant: f"C{i % 10}" for i, variant in enumerate(table)}  # one per arm
     for ax, seed in zip(axes.flat, seeds):
         for variant, runs in table.items():
             if seed in runs and runs[seed]["loss_every_25_steps"]:
                 curve = runs[seed]["loss_every_25_steps"]
                 ax.plot([int(s) for s in curve], list(curve.values()), label=variant,
+                        color=colors[variant],
                         linewidth=1.2 if variant.startswith("loop-early") else 0.8)
         ax.set_title(f"seed {seed}", fontsize=9)
         ax.set_ylim(3.5, 7.0)
     for ax in axes.flat[len(seeds):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=6)
+    handles = {line.get_label(): line for ax in axes.flat for line in ax.get_lines()}
+    figure.legend(handles.values(), handles.keys(), loc="upper right", fontsize=7)
     figure.supxlabel("step")
     figure.supylabel("training loss")
     figure.tight_layout()
