@@ -36,9 +36,9 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _environment_as_found():
-    """Each test leaves the environment as it found it, as a process of its own would:
-    megatron-core's model sets NVTE_FLASH_ATTN / NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN for its
-    attention backend and asserts on them when the next model is built in the process."""
+    """Each test leaves the environment as it found it, as a process of its own would (a
+    module-scoped fixture's changes outlive its tests: megatron-core's model sets
+    NVTE_*_ATTN for its attention backend, and the Llama-3 example test clears them)."""
     import os
 
     before = dict(os.environ)
