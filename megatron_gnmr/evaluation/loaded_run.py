@@ -106,6 +106,16 @@ def _held_out_data(config: RunConfig, data_path: list[str] | None) -> DataSource
     return DataSource(plan, None, tokenizer, None)
 
 
+def unsplit(config: RunConfig) -> None:
+    """The run's model in one piece (no TP, PP, EP, distributed optimizer or overlap): what
+    a torch_dist checkpoint of any layout is read into in one process."""
+    p = config.parallel
+    p.tensor_model_parallel_size = p.pipeline_model_parallel_size = 1
+    p.expert_model_parallel_size = 1
+    p.use_distributed_optimizer = p.sequence_parallel = False
+    p.overlap_grad_reduce = p.overlap_param_gather = False
+
+
 def load_run(run_dir: str, exact: bool = False, data_path: list[str] | None = None) -> LoadedRun:
     """Collective (every rank of the launch): the run's model with its trained weights (and
     its held-out data: its own, or `data_path`'s)."""
@@ -116,11 +126,7 @@ def load_run(run_dir: str, exact: bool = False, data_path: list[str] | None = No
     p = config.parallel
     if newest_format(str(directory)) == "torch_dist" and \
             int(os.environ.get("WORLD_SIZE", "1")) % p.tensor_model_parallel_size:
-        # resharded on load: a launch too small for the run's layout evaluates unsplit
-        p.tensor_model_parallel_size = p.pipeline_model_parallel_size = 1
-        p.expert_model_parallel_size = 1
-        p.use_distributed_optimizer = p.sequence_parallel = False
-        p.overlap_grad_reduce = p.overlap_param_gather = False
+        unsplit(config)  # resharded on load: a launch too small for the layout reads it whole
     if p.pipeline_model_parallel_size > 1:
         raise UserError(f"evaluate {run_dir}: pipeline-parallel runs are not supported yet")
     distributed.initialize(config)

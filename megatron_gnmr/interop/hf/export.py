@@ -41,7 +41,7 @@ def model_on_one_rank(run_dir: Path):
     """Within: (config, model chunks, tokenizer, checkpoint directory) of a run, its weights
     loaded in this one process (a world of one)."""
     from megatron_gnmr.data.datasets import tokenizer_of
-    from megatron_gnmr.evaluation.loaded_run import run_config
+    from megatron_gnmr.evaluation.loaded_run import run_config, unsplit
     from megatron_gnmr.model import build_model
     from megatron_gnmr.training import checkpoint, distributed
     from megatron_gnmr.training.checkpoint_choice import choose
@@ -56,11 +56,7 @@ def model_on_one_rank(run_dir: Path):
     if config.lora.enabled:
         raise UserError(f"export-hf {run_dir}: a LoRA run; merge its adapters first "
                         "(megatron-gnmr merge-lora) and export the merged run")
-    p = config.parallel
-    p.tensor_model_parallel_size = p.pipeline_model_parallel_size = 1
-    p.expert_model_parallel_size = 1
-    p.use_distributed_optimizer = p.sequence_parallel = False
-    p.overlap_grad_reduce = p.overlap_param_gather = False
+    unsplit(config)
     distributed.initialize(config)
     try:
         tokenizer = tokenizer_of(config.data)
