@@ -29,6 +29,8 @@ setup(
     description="LLaMA pretraining on megatron-core with a per-operator precision controller",
     packages=find_packages(include=["megatron_gnmr", "megatron_gnmr.*"]),
     py_modules=["pretrain_llama"],
+    # Data files the code reads beside itself (the Megatron-LM flag table).
+    package_data={"megatron_gnmr": ["**/*.json"]},
     python_requires=">=3.10",
     install_requires=[
         # The model, schedules, DDP, optimizer, datasets: everything a Megatron run needs.
