@@ -72,10 +72,11 @@ setup(
         # torchao: the fp8-torchao recipe's tests run on the CPU too.
         # pytest-xdist runs the suite on both cores.
         # transformers: the outside judge of our LLaMA (export-hf's output must give
-        # transformers' logits; a transformers model imported must give ours). The CPU torch
-        # is installed first, so it pulls no CUDA build.
+        # transformers' logits; a transformers model imported must give ours); peft, the judge
+        # of export-hf --adapter (its LoRA over the exported base must give the merged run).
+        # The CPU torch is installed first, so neither pulls a CUDA build.
         "dev": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "ml_dtypes>=0.5", TORCHAO,
-                "transformers>=5"],
+                "transformers>=5", "peft>=0.17"],
         # Transformer Engine FP8 on GPU (use the NGC container's TE where possible).
         "te": TRANSFORMER_ENGINE,
         # Real FP8 GEMMs without Transformer Engine (--precision-recipe fp8-torchao). Its

@@ -72,6 +72,9 @@ def available() -> list[str]:
 
 def load_scenario(name: str) -> Scenario:
     path = SCENARIO_DIR / f"{name}.yaml"
+    if not SCENARIO_DIR.is_dir():  # an installed wheel carries the code, not the experiments
+        raise UserError(f"reproduce: no scenarios at {SCENARIO_DIR}: the experiments run from a "
+                        "clone of the repository (pip install -e . there)")
     if not path.is_file():
         raise UserError(f"reproduce: unknown scenario {name!r}; available: "
                         f"{', '.join(available())}")

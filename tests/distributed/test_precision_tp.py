@@ -237,3 +237,48 @@ def test_lora_merged_under_tp2_equals_merged_under_tp1(runs):
         assert tp1.norm() > 0 and difference < bound, (name, float(difference))
         misplaced = (swapped["tp2"][name] - tp1).norm() / tp1.norm()
         assert misplaced > 10 * bound, (name, float(misplaced))  # the check can fail
+
+
+def test_a_tp2_lora_runs_peft_adapter_is_its_merged_update(runs, tmp_path):
+    """export-hf --adapter gathers a TP=2 run's adapter shards (fc1's B by its [gate; up]
+    halves per rank): PEFT's update of every projection, (alpha / r) B A, is the update
+    merge-lora adds on the shards (reassembled by `_whole`, put in Hugging Face's names by
+    `llama.to_hf`, which transformers judges in tests/test_hf_interop.py). Bound: the merged
+    weight is stored in float32, so merged - base carries float32's rounding of W (measured:
+    1.3e-7 of the update's norm; 1e-4 allowed); fc1's B gathered as one block is off by 1.0
+    (measured), the shards read in the wrong order by O(1)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from megatron_gnmr.evaluation.loaded_run import run_config
+    from megatron_gnmr.interop.hf import llama
+    from megatron_gnmr.interop.hf.peft_adapter import export_adapter
+    from megatron_gnmr.training.merge_lora import merge_run
+
+    run = runs / "lora-w8a8" / "tp2"
+    config = run_config(run)
+    export_adapter(run, tmp_path / "adapter", torch.float32, None)
+    weights = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    scale = config.lora.alpha / config.lora.dim
+    peft = {name.removeprefix("base_model.model.").replace(".lora_A", ""):
+            scale * weights[name.replace("lora_A", "lora_B")].double() @ weights[name].double()
+            for name in weights if ".lora_A." in name}
+    merged = merge_run(str(run), str(tmp_path / "merged"))
+    original = next((run / "checkpoints").glob("iter_*"))
+    shards = [(torch.load(original / p.name, weights_only=True)["model"][0],
+               torch.load(p, weights_only=True)["model"][0])
+              for p in sorted(merged.glob("rank_*.pt"))]
+    placeholder = torch.zeros(1)  # to_hf's other entries (norms, embeddings): not compared
+    state = {k: placeholder for k in shards[0][0] if ".adapter." not in k}
+    for order in (shards, shards[::-1]):
+        for name in state:
+            if name.endswith(("qkv.weight", "proj.weight", "fc1.weight", "fc2.weight")):
+                state[name] = _whole([m[name].double() - b[name].double() for b, m in order],
+                                     name)
+        theirs = {k: v for k, v in llama.to_hf(state, config).items() if k in peft}
+        assert len(theirs) == len(peft) == 2 * 7
+        gaps = {k: float((peft[k] - v).norm() / v.norm()) for k, v in theirs.items()}
+        if order is shards:
+            assert max(gaps.values()) < 1e-4, gaps
+        else:
+            assert min(gaps.values()) > 0.1, gaps  # the check can fail

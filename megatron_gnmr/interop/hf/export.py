@@ -5,7 +5,8 @@ model directory that `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)
 The run's newest intact checkpoint is read in this one process: a torch_dist checkpoint (the
 default format) is resharded to one rank whatever layout wrote it (TP, PP, DP, distributed
 optimizer); a torch-format one must come from a one-process run. Dense LLaMAs only: a MoE
-run, a DeepSeek-family run and a LoRA run (merge it first) are refused by name. The weights go through
+run and a DeepSeek-family run are refused by name; a LoRA run is exported as a PEFT adapter
+(`--adapter`, `peft_adapter.py`) or merged first (merge-lora). The weights go through
 `llama.to_hf` into `model.safetensors` in the dtype asked for, beside `config.json`,
 `generation_config.json` and the tokenizer (a SentencePiece model as `tokenizer.model` read
 by transformers' SentencePiece backend, which encodes exactly as we do; a Hugging Face
@@ -54,7 +55,8 @@ def model_on_one_rank(run_dir: Path):
         raise UserError(f"export-hf {run_dir}: a mixture-of-experts model (--num-experts "
                         f"{config.model.num_experts}) is not exported yet (dense LLaMAs are)")
     if config.lora.enabled:
-        raise UserError(f"export-hf {run_dir}: a LoRA run; merge its adapters first "
+        raise UserError(f"export-hf {run_dir}: a LoRA run; export its adapters with --adapter "
+                        "(a PEFT adapter directory over the exported base), or merge them "
                         "(megatron-gnmr merge-lora) and export the merged run")
     unsplit(config)
     distributed.initialize(config)
@@ -130,7 +132,8 @@ def write_tokenizer(tokenizer, out: Path) -> None:
         raise UserError(f"export-hf: a {tokenizer.kind} has no Hugging Face form")
 
 
-def export(run_dir: str, out_dir: str, dtype: str = "bf16") -> Path:
+def export(run_dir: str, out_dir: str, dtype: str = "bf16", adapter: bool = False,
+           base_model: str | None = None) -> Path:
     from safetensors.torch import save_file
 
     from megatron_gnmr.interop.hf import llama
@@ -138,6 +141,10 @@ def export(run_dir: str, out_dir: str, dtype: str = "bf16") -> Path:
 
     run, out = Path(run_dir), Path(out_dir)
     _check_target(out)
+    if adapter:
+        from megatron_gnmr.interop.hf.peft_adapter import export_adapter
+
+        return export_adapter(run, out, DTYPES[dtype], base_model)
     config, state, tokenizer, source = load_weights_on_one_rank(run)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -164,8 +171,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", help="the Hugging Face model directory to write (new)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                         help="the weights' dtype (default bf16)")
+    parser.add_argument("--adapter", action="store_true",
+                        help="a LoRA run: write its adapters as a PEFT adapter directory "
+                        "(peft.PeftModel.from_pretrained(base, OUT_DIR)); the base is "
+                        "exported from the run it fine-tuned")
+    parser.add_argument("--base-model", default=None, metavar="NAME_OR_PATH",
+                        help="with --adapter: the base model's Hugging Face directory or hub "
+                        "name, recorded in adapter_config.json")
 
 
 def run(args: argparse.Namespace) -> None:
-    path = export(args.run_dir, args.out_dir, args.dtype)
-    print(f"export-hf: {path} (transformers.AutoModelForCausalLM.from_pretrained)")
+    if args.base_model is not None and not args.adapter:
+        raise UserError("export-hf --base-model: only with --adapter")
+    path = export(args.run_dir, args.out_dir, args.dtype, args.adapter, args.base_model)
+    if args.adapter:
+        print(f"export-hf: {path} (peft.PeftModel.from_pretrained(base, {str(path)!r}))")
+    else:
+        print(f"export-hf: {path} (transformers.AutoModelForCausalLM.from_pretrained)")
