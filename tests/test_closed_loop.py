@@ -156,3 +156,30 @@ def test_every_arm_of_the_closed_loop_scenario_is_a_valid_run(tmp_path):
         assert config.precision.attention_precision == "fp8"
         if config.gnmr.enabled:  # the same units for every rule
             assert config.gnmr.units == "core_attention", variant
+
+
+def test_healthy_arms_have_a_table_of_their_own():
+    """Arms run without the fault are no saves and in no test: their table is what a rule
+    spends for nothing, and its loss against the healthy run left alone and exact."""
+    from megatron_gnmr.experiments.closed_loop import healthy_rows
+
+    table = {**TABLE,
+             "no-fault-no-control": {1: summary(loss=3.95), 2: summary(loss=4.05)},
+             "no-fault-loop-early": {1: summary(None, None, 0.0, loss=3.95),
+                                     2: summary(None, None, 0.0, loss=4.05)},
+             "no-fault-autoswitch": {1: summary(None, 3, 0.9, loss=3.85),
+                                     2: summary(None, 3, 0.7, loss=4.05)}}
+    assert not any(r["arm"].startswith("no-fault") for r in variant_rows(table))
+    assert not any(r["against"].startswith("no-fault") for r in comparisons(table))
+    rows = {r["arm (no fault)"]: r for r in healthy_rows(table)}
+    spend = rows["no-fault-autoswitch"]
+    # shares 0.9 and 0.7: mean 80%, sample sd 0.1414 / sqrt 2 = 10%
+    assert spend["attention FLOPs exact, spent for nothing"] == "80.0% +- 10.0 (n=2)"
+    # to the healthy run alone: -0.10 and 0.00; to exact (3.9, 4.0): -0.05 and +0.05
+    assert spend["final loss gap to the healthy run left alone"] == "-0.050 +- 0.050 (n=2)"
+    assert spend["final loss gap to exact"] == "+0.000 +- 0.050 (n=2)"
+    assert spend["first recovery (median step)"] == "3"
+    quiet = rows["no-fault-loop-early"]
+    assert quiet["attention FLOPs exact, spent for nothing"] == "0.0% +- 0.0 (n=2)"
+    assert quiet["first recovery (median step)"] == "-"
+    assert rows["no-fault-no-control"]["final loss gap to the healthy run left alone"] == "-"

@@ -15,6 +15,12 @@ the plot are rebuilt from the repository alone; `closed_loop_runs.py`). Per arm:
 - that a controlled run followed its twin until its first recovery, at every 25th step.
 Then Fisher's exact test, one-sided, of each loop's failures (and divergences) against each
 other arm's, and a plot of every seed's loss curves.
+
+Arms named `no-fault-*` run the same low path without the fault (a healthy run): nothing
+there needs saving, so they are kept out of the saves and the tests, and get a table of
+their own, the cost of being ready: the exact attention each rule spends for nothing, and
+its loss against the healthy run left alone (`no-fault-no-control`) and against exact
+attention of the same seed.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ from megatron_gnmr.experiments.run_summaries import add_location_arguments, coll
 
 UNCONTROLLED, EXACT, TWIN = "no-control", "exact-attention", "loop-no-budget"
 LOOPS = ("loop-early", "loop-early-cycle", "loop-trend")
+HEALTHY, HEALTHY_UNCONTROLLED = "no-fault-", "no-fault-no-control"
+
+
+def is_healthy(variant: str) -> bool:
+    return variant.startswith(HEALTHY)
 
 
 def _median(values) -> str:
@@ -89,6 +100,8 @@ def variant_rows(table: dict[str, dict[int, dict]]) -> list[dict]:
     twin = table.get(TWIN, {})
     rows = []
     for variant, runs in table.items():
+        if is_healthy(variant):
+            continue
         result = verdicts[variant]
         leads = [twin[s]["diverged_at"] - r["first_recovery"] for s, r in runs.items()
                  if r["first_recovery"] is not None and twin.get(s, {}).get("diverged_at")]
@@ -124,7 +137,7 @@ def comparisons(table: dict[str, dict[int, dict]]) -> list[dict]:
     for loop in (v for v in LOOPS if v in table):
         mine = verdicts[loop]
         for other in table:
-            if other in (loop, EXACT):
+            if other in (loop, EXACT) or is_healthy(other):
                 continue
             theirs = verdicts[other]
             row = {"loop": loop, "against": other}
@@ -134,6 +147,29 @@ def comparisons(table: dict[str, dict[int, dict]]) -> list[dict]:
                 row[name] = f"{a}/{len(mine)} vs {b}/{len(theirs)}, p = " \
                             f"{fisher_one_sided(a, len(mine), b, len(theirs)):.3g}"
             rows.append(row)
+    return rows
+
+
+def healthy_rows(table: dict[str, dict[int, dict]]) -> list[dict]:
+    """The cost of being ready, per healthy arm: what it spent, and what that did to its
+    loss (gaps per seed, to the healthy run left alone and to exact attention)."""
+    verdicts, alone = outcomes(table), table.get(HEALTHY_UNCONTROLLED, {})
+    rows = []
+    for variant, runs in ((v, r) for v, r in table.items() if is_healthy(v)):
+        to_alone = [r["final_train_loss"] - alone[s]["final_train_loss"] for s, r in runs.items()
+                    if s in alone and r["diverged_at"] is None and
+                    alone[s]["diverged_at"] is None]
+        rows.append({
+            "arm (no fault)": variant,
+            "diverged": f"{sum(v['diverged'] for v in verdicts[variant].values())} / "
+                        f"{len(runs)}",
+            "attention FLOPs exact, spent for nothing": _mean_se(
+                [r["recovered_share_of_executed_steps"] for r in runs.values()], percent=True),
+            "first recovery (median step)": _median(r["first_recovery"] for r in runs.values()),
+            "final loss gap to the healthy run left alone":
+                _mean_se(to_alone) if variant != HEALTHY_UNCONTROLLED else "-",
+            "final loss gap to exact": _mean_se([v["gap"] for v in verdicts[variant].values()]),
+        })
     return rows
 
 
@@ -156,6 +192,10 @@ def markdown(table: dict, earlier: list[str] = ()) -> str:
                   f"{margin:.3f} (twice exact attention's seed-to-seed standard deviation)."
               if margin is not None else "Harmed: needs two exact-attention runs.", ""]
     lines += _markdown_table(comparisons(table))
+    healthy = healthy_rows(table)
+    if healthy:
+        lines += ["", "The cost of being ready (the same low path without the fault):", "",
+                  *_markdown_table(healthy)]
     lines += ["", f"Runs made on: {', '.join(cpus)} (pairs by seed are bitwise comparable only "
                   f"on one CPU); code: {', '.join(c[:12] for c in commits) or '?'}."]
     if earlier:
