@@ -205,12 +205,14 @@ def markdown(table: dict, earlier: list[str] = ()) -> str:
 
 
 def plot(table: dict, path: Path) -> None:
-    """Every seed's loss curves, one panel per seed, one line per arm."""
+    """Every seed's loss curves, one panel per seed, one line per arm (the arms with the
+    fault: the healthy ones are in their own table)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    table = {variant: runs for variant, runs in table.items() if not is_healthy(variant)}
     seeds = sorted({s for runs in table.values() for s in runs})
     columns = 4
     rows = -(-len(seeds) // columns)
@@ -229,10 +231,11 @@ def plot(table: dict, path: Path) -> None:
     for ax in axes.flat[len(seeds):]:
         ax.axis("off")
     handles = {line.get_label(): line for ax in axes.flat for line in ax.get_lines()}
-    figure.legend(handles.values(), handles.keys(), loc="upper right", fontsize=7)
-    figure.supxlabel("step")
+    figure.legend(handles.values(), handles.keys(), loc="lower center", fontsize=8,
+                  ncol=min(len(handles), 5))
+    figure.supxlabel("step", y=0.045)
     figure.supylabel("training loss")
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
     figure.savefig(path, dpi=90)
     plt.close(figure)
 
