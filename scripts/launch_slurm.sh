@@ -38,7 +38,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export NCCL_ASYNC_ERROR_HANDLING=${NCCL_ASYNC_ERROR_HANDLING:-1}
 NODES=${SLURM_JOB_NUM_NODES:?not inside a SLURM allocation (sbatch this script)}
 GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
-HEAD=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)
+# the first host; awk reads every line, so scontrol never writes into a closed pipe (under
+# pipefail, head's early exit would end the script with SIGPIPE, 141)
+HEAD=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | awk 'NR == 1')
 PORT=${PORT:-29500}
 
 launch=(srun --kill-on-bad-exit=0 --ntasks-per-node=1

@@ -15,7 +15,10 @@ SCRIPT = REPO / "scripts" / "launch_slurm.sh"
 def _run(tmp_path, env: dict, *args: str) -> subprocess.CompletedProcess:
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
-    (fake / "scontrol").write_text("#!/bin/sh\necho node-a\necho node-b\n")
+    # a large allocation's host list: a reader that stops at the first line would leave
+    # scontrol writing into a closed pipe (SIGPIPE, which pipefail makes the script's status)
+    (fake / "scontrol").write_text("#!/bin/sh\necho node-a\ni=0\nwhile [ $i -lt 20000 ]; do "
+                                   "echo node-b$i; i=$((i + 1)); done\n")
     (fake / "scontrol").chmod(0o755)
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
                           env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",

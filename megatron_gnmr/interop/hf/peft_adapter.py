@@ -3,7 +3,7 @@
 
 PEFT's LoRA and ours are one formula per linear, y = W x + (alpha / r) B A x, with A [r, in]
 and B [out, r] stored the same way (lora_A.weight, lora_B.weight; our adapter.linear_in and
-linear_out). Our fused linears are several of Hugging Face's: linear_qkv is q_proj, k_proj
+linear_out). Our fused linears are several of Hugging Face's: the fused QKV is q_proj, k_proj
 and v_proj, linear_fc1 is gate_proj and up_proj. The update of one projection is its rows of
 s B A, so a fused linear's adapter becomes one PEFT adapter per projection, each with the
 whole A and the rows of B the weight split gives that projection (`unfused_qkv`, [gate; up]):
