@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.interop.hf.llama import ATTENTION
 from megatron_gnmr.lora.merge import ADAPTER_IN, ADAPTER_OUT, adapted_prefixes
 from megatron_gnmr.model_families.llama import PROJ, QKV, unfused_qkv
 
-ATTENTION = "self_attention."
 # our unit linear -> Hugging Face's projections it holds, in the order of its weight's rows
 PROJECTIONS = {f"{ATTENTION}{QKV}": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                f"{ATTENTION}{PROJ}": ("self_attn.o_proj",),
