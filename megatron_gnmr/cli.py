@@ -1,6 +1,7 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
-compare-alarms, compare-signals, compare-closed-loop, compare-frontier, estimate-memory,
-calibrate, evaluate, merge-lora, dashboard, megatron-flags, export-hf, import-hf)."""
+compare-alarms, compare-signals, compare-closed-loop, compare-detectors, compare-frontier,
+estimate-memory, calibrate, evaluate, merge-lora, dashboard, megatron-flags, export-hf,
+import-hf)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         alarm_comparison,
         calibrate_command,
         closed_loop,
+        detection,
         frontier,
         runner,
         signal_comparison,
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         ("compare-alarms", alarm_comparison, "every alarm detector on a fault scenario's runs"),
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
         ("compare-closed-loop", closed_loop, "did the controller save the runs that die?"),
+        ("compare-detectors", detection, "which alarm is early and specific, from traces"),
         ("compare-frontier", frontier, "which units to keep high: the budget-quality "
                                        "frontier"),
         ("dashboard", dashboard, "the W&B workspace for a run's keys (or its offline spec)"),

@@ -293,6 +293,9 @@ class TrainingConfig:
     """Fault study: round O to N mantissa bits toward -inf in delta = rowsum(dO * O) (0: off)."""
     attention_fault_start: int = limit(1, ge=1)
     """Fault study: the step the attention fault switches on."""
+    attention_fault_layers: str = "all"
+    """Fault study: the layers whose core attention has the fault: all, a comma list of layer
+    numbers (0-based), or drawn:K (K layers drawn from --seed, so each seed fails elsewhere)."""
 
     def __post_init__(self) -> None:
         check_limits(self, "training")

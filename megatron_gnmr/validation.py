@@ -209,10 +209,18 @@ def validate_precision(config: RunConfig) -> None:
 
 
 def validate_attention_precision(config: RunConfig) -> None:
-    from megatron_gnmr.precision.attention_fault import switchable_attention
+    from megatron_gnmr.precision.attention_fault import fault_layers, switchable_attention
     from megatron_gnmr.precision.backends import backend
 
     precision = config.precision
+    if precision.attention_fp8_output and precision.attention_precision != "fp8":
+        raise UserError("--attention-fp8-output holds O in FP8 inside FP8 attention's backward; "
+                        "give --attention-precision fp8")
+    try:
+        fault_layers(config.training.attention_fault_layers, config.model.num_layers,
+                     config.training.seed)
+    except ValueError as error:
+        raise UserError(f"--attention-fault-layers {error}") from None
     if not switchable_attention(config):
         return
     if backend(precision).transformer_engine_layers:

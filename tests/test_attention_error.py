@@ -53,7 +53,7 @@ def test_attention_error_against_float64(runs_low_path):
     run = low if runs_low_path else AttentionPath()
     bank = ProbeBank(UNITS, None, ("attention_error",))
     q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
-    out = FlashAttentionFunction.apply(q_, k_, v_, scale, run.fault_bits, run.fp8, None,
+    out = FlashAttentionFunction.apply(q_, k_, v_, scale, run, None,
                                        bank.probe(UNITS[0]), low)
     out.backward(grad_out)
     measured = values(("attention_error",), bank.take().reshape(len(UNITS), -1).numpy())
@@ -69,7 +69,7 @@ def test_without_the_fault_the_low_path_delta_is_exact():
     bank = ProbeBank(UNITS, None, ("attention_error",))
     fp8 = AttentionPath(fp8=True)
     q_ = q.clone().requires_grad_()
-    FlashAttentionFunction.apply(q_, k, v, 0.5, 0, True, None, bank.probe(UNITS[1]),
+    FlashAttentionFunction.apply(q_, k, v, 0.5, fp8, None, bank.probe(UNITS[1]),
                                  fp8).backward(grad_out)
     assert values(("attention_error",),
                   bank.take().reshape(2, -1).numpy())["attention_error"][1] == 0.0

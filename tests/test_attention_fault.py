@@ -5,8 +5,11 @@ import math
 import pytest
 import torch
 
-from megatron_gnmr.precision.attention_fault import FlashAttentionFunction, \
-    round_toward_negative
+from megatron_gnmr.precision.attention_fault import (
+    AttentionPath,
+    FlashAttentionFunction,
+    round_toward_negative,
+)
 
 
 def _inputs():
@@ -25,7 +28,7 @@ def _reference(q, k, v, scale):
 def test_backward_matches_autograd_in_float64():
     (q, k, v), grad = _inputs()
     scale = 1 / math.sqrt(8)
-    out = FlashAttentionFunction.apply(q, k, v, scale, 0)
+    out = FlashAttentionFunction.apply(q, k, v, scale, AttentionPath())
     ours = torch.autograd.grad(out, (q, k, v), grad)
     reference = _reference(q, k, v, scale)
     assert torch.allclose(out, reference, rtol=1e-12, atol=1e-12)
@@ -37,8 +40,11 @@ def test_backward_matches_autograd_in_float64():
 def test_fault_changes_query_and_key_gradients_only():
     (q, k, v), grad = _inputs()
     scale = 1 / math.sqrt(8)
-    clean = torch.autograd.grad(FlashAttentionFunction.apply(q, k, v, scale, 0), (q, k, v), grad)
-    faulty = torch.autograd.grad(FlashAttentionFunction.apply(q, k, v, scale, 1), (q, k, v), grad)
+    clean = torch.autograd.grad(FlashAttentionFunction.apply(q, k, v, scale, AttentionPath()),
+                                (q, k, v), grad)
+    faulty = torch.autograd.grad(
+        FlashAttentionFunction.apply(q, k, v, scale, AttentionPath(fault_bits=1)), (q, k, v),
+        grad)
     assert not torch.allclose(clean[0], faulty[0]) and not torch.allclose(clean[1], faulty[1])
     assert torch.equal(clean[2], faulty[2])  # dV does not use delta
 

@@ -13,6 +13,7 @@ import torch
 
 from megatron_gnmr.precision.attention_fault import (
     AttentionGradSums,
+    AttentionPath,
     AttentionRuntime,
     EmulatedFlashAttention,
     FaultSchedule,
@@ -64,7 +65,7 @@ def reference(q, k, v, grad, fp8: bool, fault_bits: int):
 
 def ours(q, k, v, grad, fp8: bool, fault_bits: int):
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out = FlashAttentionFunction.apply(q, k, v, SCALE, fault_bits, fp8, None)
+    out = FlashAttentionFunction.apply(q, k, v, SCALE, AttentionPath(fp8, fault_bits), None)
     return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad))
 
 

@@ -94,31 +94,45 @@ def _signals(trace: Trace, settings: dict):
     return names, build_signals(names, trace.units, settings)
 
 
+class Decisions:
+    """The policy's decision at each recorded step, as a live run with these settings would
+    have made it, one per iteration (a caller that needs only the first action stops there)."""
+
+    def __init__(self, trace: Trace, config: GNMRConfig, signal_settings: dict | None = None,
+                 show_progress: bool = False):
+        self.trace, self.show_progress = trace, show_progress
+        self.settings = {**trace.signal_settings, **(signal_settings or {})}
+        names, self.signals = _signals(trace, self.settings)
+        self.use_gnmr = "gnmr" in names
+        if config.budget_in == "flops" and trace.unit_costs is None:
+            raise UserError("replay: a budget in flops needs the units' costs, which this trace "
+                            "does not record (recorded by runs of this version)")
+        self.policy = GNMRPolicy(config, len(trace.units), trace.unit_costs)
+
+    def __iter__(self):
+        trace = self.trace
+        for i in tqdm(range(len(trace.steps)), desc="replay", unit="step",
+                      disable=not self.show_progress, leave=False):
+            observations = Observations(
+                {name: values[i] for name, values in trace.measured.items()},
+                trace.alarmed[i] if trace.alarmed is not None else frozenset())
+            yield self.policy.step(trace.norms[i],
+                                   combined([s.scores(observations) for s in self.signals]),
+                                   use_gnmr=self.use_gnmr)
+
+
 def replay(trace: Trace, config: GNMRConfig, show_progress: bool = False,
            signal_settings: dict | None = None) -> ReplayResult:
-    settings = {**trace.signal_settings, **(signal_settings or {})}
-    names, signals = _signals(trace, settings)
-    if config.budget_in == "flops" and trace.unit_costs is None:
-        raise UserError("replay: a budget in flops needs the units' costs, which this trace "
-                        "does not record (recorded by runs of this version)")
-    policy = GNMRPolicy(config, len(trace.units), trace.unit_costs)
+    steps = Decisions(trace, config, signal_settings, show_progress)
     counts: Counter[int] = Counter()
     decisions = []
-    rows = tqdm(range(len(trace.steps)), desc="replay", unit="step",
-                disable=not show_progress, leave=False)
-    for i in rows:
-        observations = Observations(
-            {name: rows[i] for name, rows in trace.measured.items()},
-            trace.alarmed[i] if trace.alarmed is not None else frozenset())
-        decision = policy.step(trace.norms[i],
-                               combined([s.scores(observations) for s in signals]),
-                               use_gnmr="gnmr" in names)
+    for decision in steps:
         counts.update(decision.recovery)
         decisions.append(decision.recovery)
     matches = sum(a == b for a, b in zip(decisions, trace.recovery))
-    return ReplayResult(config, policy.summary(),
+    return ReplayResult(config, steps.policy.summary(),
                         [(trace.units[u], c) for u, c in counts.most_common()],
-                        decisions, matches, settings, oracle_capture(trace, decisions))
+                        decisions, matches, steps.settings, oracle_capture(trace, decisions))
 
 
 def oracle_capture(trace: Trace, decisions: list[tuple[int, ...]]) -> float | None:

@@ -44,6 +44,13 @@ LOOPS = ("loop-early", "loop-early-cycle", "loop-trend")
 HEALTHY, HEALTHY_UNCONTROLLED = "no-fault-", "no-fault-no-control"
 
 
+def _short(commit: str) -> str:
+    """A commit as printed: 12 characters of its hash, and `+dirty` kept (a run made on a
+    tree that differed from it)."""
+    head, dirty, _ = commit.partition("+dirty")
+    return head[:12] + ("+dirty" if dirty else "")
+
+
 def is_healthy(variant: str) -> bool:
     return variant.startswith(HEALTHY)
 
@@ -197,7 +204,7 @@ def markdown(table: dict, earlier: list[str] = ()) -> str:
         lines += ["", "The cost of being ready (the same low path without the fault):", "",
                   *_markdown_table(healthy)]
     lines += ["", f"Runs made on: {', '.join(cpus)} (pairs by seed are bitwise comparable only "
-                  f"on one CPU); code: {', '.join(c[:12] for c in commits) or '?'}."]
+                  f"on one CPU); code: {', '.join(_short(c) for c in commits) or '?'}."]
     if earlier:
         lines += ["", f"From the earlier round (same CPU model, no loss curve): "
                       f"{', '.join(earlier)}."]

@@ -14,11 +14,19 @@ PACKAGES = ("torch", "megatron-core", "numpy")
 
 
 def cpu_name() -> str:
-    """The CPU's model name (runs are bitwise reproducible on one CPU only)."""
+    """The CPU's model name with its family, model and stepping (runs are bitwise
+    reproducible on one CPU model only, and a name such as "AMD EPYC" covers several)."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or platform.machine()
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    ids = [f"{label} {fields[key]}" for key, label in
+           (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"))
+           if fields.get(key)]
+    return f"{name} ({', '.join(ids)})" if ids else name
 
 
 def git_commit(repo: Path) -> str | None:

@@ -18,7 +18,13 @@ x as it does on a GPU.
 
 A marked tensor entering a collective, or held by an optimizer when it steps, is what NCCL
 or megatron's optimizer would refuse on a GPU: it is recorded with its call site, and each
-rank writes `<prefix>.rank<R>.json` at exit. State restored from a checkpoint never passes
+rank writes `<prefix>.rank<R>.json` at exit. So is what works on a CPU and breaks on a GPU
+the other way round:
+- a host tensor (not 0-dim, not an index) in an op with device tensors: CUDA refuses the mix;
+- a device tensor in an object collective (`all_gather_object`, ...): it is pickled with its
+  device and comes back on the sender's GPU (or fails to load where that index is absent);
+- a device tensor written by `torch.save` (a checkpoint file restores it onto the saving
+  rank's GPU index) and a `torch.load` without `map_location` (a file that holds one). State restored from a checkpoint never passes
 through the rule (it is read to the host, `map_location="cpu"`): every tensor a shard holds is
 marked host as it is read (`mark_restored`), and after a resume every tensor of the live state
 it was restored into (model, optimizer, monitors, controller) must have left the host
@@ -32,6 +38,7 @@ import atexit
 import functools
 import json
 import os
+import sys
 import traceback
 
 import torch
@@ -39,6 +46,11 @@ from torch.overrides import TorchFunctionMode
 
 ENVIRONMENT = "MEGATRON_GNMR_DEVICE_AUDIT"
 _MARK = "_megatron_gnmr_on_host"
+OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object",
+                      "scatter_object_list", "send_object_list", "recv_object_list")
+# ops that take host tensors beside device ones on a GPU too: indexing with host indices, a
+# copy between devices
+CROSS_DEVICE_OPS = ("__getitem__", "__setitem__", "index_put_", "index_put", "copy_")
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
                "reduce_scatter", "broadcast", "reduce", "all_to_all_single", "all_to_all",
                "gather", "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv")
@@ -105,6 +117,9 @@ class HostTensorMarks(TorchFunctionMode):
         if getattr(func, "__self__", None) is _DEVICE_DESCRIPTOR:  # `device=x.device`: as x
             return result if on_host(args[0]) else AUDITED_DEVICE
         host = self._host_result(func, args, kwargs)
+        if host and args and result is args[0] and not on_host(result) and \
+                getattr(func, "__name__", "") in ("cpu", "to"):
+            result = result.clone()  # on a GPU a copy moves to the host; the original stays
         if host is not None:
             for output in _outputs(result):
                 if not (output is (args[0] if args else None) and _in_place(func)):
@@ -128,9 +143,11 @@ class HostTensorMarks(TorchFunctionMode):
         inputs = list(_tensors(args)) + list(_tensors(kwargs.values()))
         if not inputs:  # a factory without a device: the host
             return True
-        if any(on_host(t) for t in inputs):
-            return all(on_host(t) for t in inputs)
-        return False
+        hosts = [on_host(t) for t in inputs]
+        if any(hosts) and not all(hosts) and _AUDIT is not None and name not in CROSS_DEVICE_OPS and \
+                any(h and t.dim() > 0 for h, t in zip(hosts, inputs)):
+            _AUDIT.record(f"host tensor mixed with device tensors in {name}")
+        return all(hosts)
 
 
 def _in_place(func) -> bool:
@@ -143,7 +160,7 @@ class DeviceAudit:
         self.report_prefix = report_prefix
         self.violations: list[dict] = []
         self.checked = {"collective_tensors": 0, "optimizer_parameters": 0,
-                        "restored_tensors": 0}
+                        "restored_tensors": 0, "objects": 0}
 
     def record(self, what: str) -> None:
         frames = [f for f in traceback.extract_stack()[:-3]
@@ -170,6 +187,13 @@ class DeviceAudit:
                 if on_host(param):
                     self.record(f"host parameter {tuple(param.shape)} in "
                                 f"{type(optimizer).__name__}.step")
+
+    def check_object(self, what: str, tree) -> None:
+        """A pickled object (object collectives, torch.save) must hold host tensors only."""
+        self.checked["objects"] += 1
+        for tensor in _tree_tensors(tree):
+            if not on_host(tensor):
+                self.record(f"device tensor {tuple(tensor.shape)} {tensor.dtype} in {what}")
 
     def check_restored(self, what: str, state) -> None:
         for tensor in _tree_tensors(state):
@@ -199,6 +223,45 @@ def _wrap_collective(audit: DeviceAudit, name: str, original):
     return collective
 
 
+def _wrap_object_collective(audit: DeviceAudit, name: str, original):
+    @functools.wraps(original)
+    def collective(*args, **kwargs):
+        # the object is the second argument of all_gather_object / gather_object, the first
+        # of the list forms
+        sent = args[1] if name in ("all_gather_object", "gather_object") and len(args) > 1 \
+            else (args[0] if args else kwargs.get("object_list", kwargs.get("obj")))
+        audit.check_object(f"torch.distributed.{name}", sent)
+        return original(*args, **kwargs)
+
+    return collective
+
+
+def _inside_object_collective() -> bool:
+    """Whether torch.save/load was called by pickle on torch's behalf: a tensor's storage is
+    pickled through them (torch/storage.py), for object collectives (checked on their own)."""
+    caller = sys._getframe(2).f_code.co_filename
+    return caller.endswith((f"torch{os.sep}storage.py", "distributed_c10d.py"))
+
+
+def _wrap_save_and_load(audit: DeviceAudit) -> None:
+    save, load = torch.save, torch.load
+
+    @functools.wraps(save)
+    def audited_save(obj, *args, **kwargs):
+        if not _inside_object_collective():
+            audit.check_object("torch.save", obj)
+        return save(obj, *args, **kwargs)
+
+    @functools.wraps(load)
+    def audited_load(*args, **kwargs):
+        if kwargs.get("map_location") is None and len(args) < 2 and \
+                not _inside_object_collective():
+            audit.record("torch.load without map_location")
+        return load(*args, **kwargs)
+
+    torch.save, torch.load = audited_save, audited_load
+
+
 def _mark_new_parameters() -> None:
     """`nn.Parameter(data)` makes a new tensor object that the mode never sees: give it the
     mark of its data (megatron's CPU initialisation wraps host tensors this way)."""
@@ -215,6 +278,8 @@ def _mark_new_parameters() -> None:
 def _tree_tensors(tree):
     if isinstance(tree, torch.Tensor):
         yield tree
+    elif hasattr(tree, "__dataclass_fields__"):
+        yield from _tree_tensors(vars(tree))
     elif isinstance(tree, dict):
         for value in tree.values():
             yield from _tree_tensors(value)
@@ -253,6 +318,10 @@ def install() -> DeviceAudit:
         # functions stay: object collectives call them on host tensors by design.
         if name in ("isend", "irecv"):
             setattr(distributed_c10d, name, wrapped)
+    for name in OBJECT_COLLECTIVES:
+        torch.distributed.__dict__[name] = _wrap_object_collective(
+            audit, name, getattr(distributed_c10d, name))
+    _wrap_save_and_load(audit)
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     register_optimizer_step_pre_hook(audit.check_optimizer)

@@ -251,18 +251,23 @@ def tell_mla_whether_te_is_there() -> None:
 
 @contextlib.contextmanager
 def zero_adam_state(optimizer: Any):
-    """Within: every inner Adam that has not stepped yet holds a (zero) state, as after its
-    first step; after: none again. megatron's distributed optimizer builds the sharded state
-    dict a checkpoint is loaded into from its own state, and without apex or Transformer
-    Engine (a CPU machine) reads the step count from it (0.16 to 0.19
-    `DistributedOptimizer.state_dict`); its `load_state_dict` then allocates the state itself
-    when there is none, and only then. Nothing a run computes reads these zeros."""
+    """Within: every inner torch Adam that has not stepped yet holds a (zero) state, as after
+    its first step; after: none again. megatron's distributed optimizer builds the sharded
+    state dict a checkpoint is loaded into from its own state, and with torch's Adam (no apex,
+    no Transformer Engine: a CPU machine) reads the step count from each parameter's state
+    (0.16 to 0.19 `DistributedOptimizer.state_dict`); its `load_state_dict` then allocates the
+    state itself when there is none, and only then. Nothing a run computes reads these zeros.
+
+    Only torch's Adam (AdamW is one) keeps a per-parameter `step`. Transformer Engine's
+    FusedAdam (megatron's optimizer wherever TE imports) keeps it in the parameter groups and
+    maps state names through a table without `step` (`get_unscaled_state`: a KeyError at every
+    resume), apex's keeps it in the groups too: those are left empty, as megatron expects."""
     import torch
 
     filled = []
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(part, "optimizer", None)
-        if inner is None or len(inner.state):
+        if not isinstance(inner, torch.optim.Adam) or len(inner.state):
             continue
         filled.append(inner)
         for group in inner.param_groups:
@@ -284,7 +289,8 @@ def fix_torch_adam_reshard() -> None:
     state a `step` (torch's Adam keeps one), then copies the checkpoint's per-parameter
     tensors over that state key by key, and the checkpoint holds no per-parameter `step` (it
     is saved once, in the parameter groups): a KeyError (0.16.1). The step is the one already
-    set, so the copy skips what the checkpoint does not hold. And that step is ONE tensor
+    set (the checkpoint's), so the copy keeps it, also where the tensors hold one (the
+    DP-reshardable form hands back `zero_adam_state`'s zero step, which would reset it). And that step is ONE tensor
     shared by every parameter's state, which torch's Adam increments in place once per
     parameter per step (the bias correction then runs ahead: a resume that is not exact), so
     each parameter gets its own copy. With apex or TE, nothing is changed."""
@@ -299,7 +305,7 @@ def fix_torch_adam_reshard() -> None:
         group_index, group_order = self.model_param_group_index_map[model_param]
         main_param = self.optimizer.param_groups[group_index]["params"][group_order]
         state = self.optimizer.state[main_param]
-        if "step" in state and "step" not in tensors:
+        if "step" in state:  # the checkpoint's step, set by load_state_dict before this
             tensors = {**tensors, "step": state["step"]}
         return original(self, model_param, tensors)
 

@@ -55,27 +55,84 @@ def round_toward_negative(x: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
     return torch.ldexp(torch.floor(mantissa * scale) / scale, exponent)
 
 
+DRAWN = "drawn:"  # --attention-fault-layers drawn:K
+
+
+def fault_layers(spec: str, num_layers: int, seed: int) -> frozenset[int]:
+    """The layers `--attention-fault-layers` names: `all`, a comma list of 0-based layer
+    numbers, or `drawn:K`, K distinct layers drawn from the run's seed (a generator of its
+    own, so the draw depends on the seed and the layer count only). ValueError says what is
+    wrong with the value."""
+    text = spec.strip()
+    if text == "all":
+        return frozenset(range(num_layers))
+    if text.startswith(DRAWN):
+        try:
+            count = int(text[len(DRAWN):])
+        except ValueError:
+            raise ValueError(f"{spec!r}: drawn:K takes a whole number of layers") from None
+        if not 1 <= count <= num_layers:
+            raise ValueError(f"{spec!r}: draws {count} of {num_layers} layers")
+        import numpy as np
+
+        rng = np.random.default_rng([seed, 0xFA017])
+        return frozenset(int(layer) for layer in rng.choice(num_layers, count, replace=False))
+    try:
+        layers = frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{spec!r}: use all, a comma list of layer numbers or drawn:K") \
+            from None
+    outside = sorted(layer for layer in layers if not 0 <= layer < num_layers)
+    if outside:
+        raise ValueError(f"{spec!r}: no layer {', '.join(map(str, outside))} in a model of "
+                         f"{num_layers} layers")
+    return layers
+
+
+def layer_of(unit_name: str) -> int:
+    """`layers.N.self_attention.core_attention` -> N (the global layer number)."""
+    return int(unit_name.split(".")[1])
+
+
 @dataclass
 class FaultSchedule:
     bits: int = 0  # 0: no fault
     start_step: int = 1
+    layers: frozenset[int] | None = None  # the faulted layers (None: every layer)
     step: int = 0  # the training step running now (set by the trainer)
 
     @property
     def active(self) -> bool:
         return self.bits > 0 and self.step >= self.start_step
 
+    def hits(self, unit_name: str | None) -> bool:
+        """Whether the fault acts on this core attention now."""
+        return self.active and (self.layers is None or unit_name is None or
+                                layer_of(unit_name) in self.layers)
+
 
 @dataclass(frozen=True)
 class AttentionPath:
-    """How one core attention runs: its operands' quantization and the fault's bits."""
+    """How one core attention runs: its operands' quantization, whether its backward holds O
+    in FP8, and the fault's bits."""
 
     fp8: bool = False
     fault_bits: int = 0
+    fp8_output: bool = False
 
     @property
     def is_exact(self) -> bool:
         return not self.fp8 and not self.fault_bits
+
+
+def held_output(out: torch.Tensor, path: AttentionPath, group=None) -> torch.Tensor:
+    """O as the path's backward holds it inside delta = rowsum(dO * O): rounded toward -inf
+    by the fault, else in E4M3 where the path saves O in FP8, else as computed."""
+    if path.fault_bits:
+        return round_toward_negative(out, path.fault_bits)
+    if path.fp8_output:
+        return quantize(out, FP8_FORWARD, group)
+    return out
 
 
 EXACT_ATTENTION = AttentionPath()
@@ -94,8 +151,9 @@ class FlashAttentionFunction(torch.autograd.Function):
     unit's low-cost `AttentionPath` (it only measures: nothing here reads what it computes)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, fault_bits: int, fp8: bool = False, group=None,
-                probe=None, low=None):
+    def forward(ctx, q, k, v, scale: float, path: AttentionPath, group=None, probe=None,
+                low=None):
+        fp8 = path.fp8
         forward_spec = FP8_FORWARD if fp8 else None
         exact = {"q": q, "k": k, "v": v}
         q, k, v = (_maybe_quantize(t, forward_spec, group) for t in (q, k, v))
@@ -108,35 +166,32 @@ class FlashAttentionFunction(torch.autograd.Function):
         held_p = _maybe_quantize(probabilities, forward_spec, group)  # P as the PV GEMM reads it
         out = torch.matmul(held_p, v)
         ctx.save_for_backward(q, k, v, probabilities, held_p, out)
-        ctx.scale, ctx.fault_bits, ctx.fp8, ctx.group = scale, fault_bits, fp8, group
+        ctx.scale, ctx.path, ctx.group = scale, path, group
         ctx.probe, ctx.low = probe, low
         if probe is not None:
             held = {"q": q, "k": k, "v": v}
-            probe.attention_operands(low, AttentionPath(fp8, fault_bits),
+            probe.attention_operands(low, path,
                                      {name: (exact[name], held[name]) for name in exact}, group)
-            probe.attention_operands(low, AttentionPath(fp8, fault_bits),
-                                     {"p": (probabilities, held_p)}, group)
+            probe.attention_operands(low, path, {"p": (probabilities, held_p)}, group)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, probabilities, held_p, out = ctx.saved_tensors
         exact_grad_out = grad_out
-        grad_out = _maybe_quantize(grad_out, FP8_GRADIENT if ctx.fp8 else None, ctx.group)
+        grad_out = _maybe_quantize(grad_out, FP8_GRADIENT if ctx.path.fp8 else None, ctx.group)
         grad_v = torch.matmul(held_p.transpose(-1, -2), grad_out)
         grad_p = torch.matmul(grad_out, v.transpose(-1, -2))
-        held = round_toward_negative(out, ctx.fault_bits) if ctx.fault_bits else out
-        delta = (grad_out * held).sum(dim=-1, keepdim=True)
+        delta = (grad_out * held_output(out, ctx.path, ctx.group)).sum(dim=-1, keepdim=True)
         grad_s = probabilities * (grad_p - delta)
         grad_q = torch.matmul(grad_s, k) * ctx.scale
         grad_k = torch.matmul(grad_s.transpose(-1, -2), q) * ctx.scale
         if ctx.probe is not None:
-            run = AttentionPath(ctx.fp8, ctx.fault_bits)
-            ctx.probe.attention_operands(ctx.low, run, {"do": (exact_grad_out, grad_out)},
+            ctx.probe.attention_operands(ctx.low, ctx.path, {"do": (exact_grad_out, grad_out)},
                                          ctx.group)
-            ctx.probe.attention_delta(ctx.low, run, probabilities, grad_p, grad_out, out,
+            ctx.probe.attention_delta(ctx.low, ctx.path, probabilities, grad_p, grad_out, out,
                                       ctx.group)
-        return grad_q, grad_k, grad_v, None, None, None, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None, None
 
 
 class AttentionGradSums:
@@ -175,19 +230,22 @@ class AttentionRuntime:
 
     plan: object  # precision.plan.PrecisionPlan
     fp8: bool = False
+    fp8_output: bool = False
     fault: FaultSchedule = field(default_factory=FaultSchedule)
     grad_sums: AttentionGradSums | None = None
 
     probes: object = None  # a probes.ProbeBank when the controller measures the attention
 
-    def low_path(self) -> AttentionPath:
-        """The low-cost path as it runs in this step (the fault from its start step)."""
-        return AttentionPath(self.fp8, self.fault.bits if self.fault.active else 0)
+    def low_path(self, unit_name: str | None) -> AttentionPath:
+        """The unit's low-cost path as it runs in this step (the fault from its start step,
+        on its layers)."""
+        return AttentionPath(self.fp8, self.fault.bits if self.fault.hits(unit_name) else 0,
+                             self.fp8 and self.fp8_output)
 
     def path_for(self, unit_name: str | None) -> AttentionPath:
         if unit_name is not None and self.plan.is_recovery(unit_name):
             return EXACT_ATTENTION
-        return self.low_path()
+        return self.low_path(unit_name)
 
     def probe_for(self, unit_name: str | None):
         return self.probes.probe(unit_name) if self.probes is not None and \
@@ -228,7 +286,7 @@ class EmulatedFlashAttention(DotProductAttention):
         # [seq, batch, heads, d_head] -> [batch, heads, seq, d_head]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         group = None
-        if path.fp8 and self.config.tensor_model_parallel_size > 1:
+        if (path.fp8 or path.fp8_output) and self.config.tensor_model_parallel_size > 1:
             from megatron.core import parallel_state
 
             group = parallel_state.get_tensor_model_parallel_group()  # heads are split
@@ -238,8 +296,8 @@ class EmulatedFlashAttention(DotProductAttention):
             from megatron.core import parallel_state
 
             group = parallel_state.get_tensor_model_parallel_group()  # the shadow's amaxes
-        out = FlashAttentionFunction.apply(q, k, v, self.softmax_scale, path.fault_bits,
-                                           path.fp8, group, probe, self.runtime.low_path()
+        out = FlashAttentionFunction.apply(q, k, v, self.softmax_scale, path, group, probe,
+                                           self.runtime.low_path(self.unit_name)
                                            if probe is not None else None)
         seq, batch = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # heads x value width
@@ -255,7 +313,8 @@ def bind_attention(model_chunks, unit_modules: dict, plan, config, fault: FaultS
     names = [] if registry is None else registry.names
     eligible = [name for name in names if name.endswith(".core_attention")]
     sums = AttentionGradSums(names, eligible, run_device()) if eligible else None
-    runtime = AttentionRuntime(plan, config.precision.attention_precision == "fp8", fault, sums,
+    runtime = AttentionRuntime(plan, config.precision.attention_precision == "fp8",
+                               config.precision.attention_fp8_output, fault, sums,
                                probes if probes is not None and probes.watches("attention")
                                else None)
     for name, module in unit_modules.items():

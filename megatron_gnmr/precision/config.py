@@ -82,6 +82,10 @@ class PrecisionConfig:
     per-tensor current scaling, as FP8 attention holds them; emulated). With fp8 (or an
     attention fault) each layer's core attention is a unit whose recovery path is exact
     attention (precision/attention_fault.py)."""
+    attention_fp8_output: bool = False
+    """--attention-precision fp8: the backward also holds O in E4M3 inside delta = rowsum(dO *
+    O), as Transformer Engine's FP8 attention saves it for its backward (an unbiased rounding;
+    off: O as computed). A healthy low path then has a delta error of its own."""
     moe_dispatch_quant: bool = False
     """MoE (fp8-emulated, deepseek): quantize the tokens before the expert dispatch, as
     DeepSeek-V3 does (E4M3, 1x128 tiles, power-of-two scales; gradients go back unrounded,

@@ -54,9 +54,20 @@ def _restart_safe_store():
     return torch.distributed.PrefixStore(f"megatron_gnmr/attempt_{attempt}", store)
 
 
+PIPELINE_SEED_STRIDE = 100  # Megatron-LM's `_set_random_seed`: seed + 100 x pp_rank
+
+
+def stage_seed(seed: int) -> int:
+    """The seed of this rank's pipeline stage. The same on every TP and DP rank of a stage:
+    with CPU initialisation megatron draws full weights from it and splits them, so every TP
+    layout starts from the same model. Offset per stage as Megatron-LM does: stages without
+    the embedding would otherwise draw their layers from the same position of the same
+    stream, identical initial layers (PP >= 3)."""
+    return seed + PIPELINE_SEED_STRIDE * parallel_state.get_pipeline_model_parallel_rank()
+
+
 def set_seeds(seed: int) -> None:
-    # The same default seed on every rank: with CPU initialisation megatron draws full
-    # weights from it and splits them, so every TP layout starts from the same model.
+    seed = stage_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -60,6 +60,7 @@ from megatron_gnmr.precision.attention_fault import (
     EmulatedFlashAttention,
     FaultSchedule,
     bind_attention,
+    fault_layers,
 )
 from megatron_gnmr.precision.backends import backend as precision_backend
 from megatron_gnmr.precision.plan import PrecisionPlan
@@ -194,7 +195,9 @@ class Trainer:
                    if not isinstance(m, EmulatedFlashAttention)}
         bind_precision(linears, config, self.plan, probes)
         self.faults = FaultHooks(t.inject_nonfinite, linears, from_environment=True)
-        self.attention_fault = FaultSchedule(t.attention_fault_bits, t.attention_fault_start)
+        self.attention_fault = FaultSchedule(
+            t.attention_fault_bits, t.attention_fault_start,
+            fault_layers(t.attention_fault_layers, config.model.num_layers, t.seed))
         attention_sums = bind_attention(self.model, units_here, self.plan, config,
                                         self.attention_fault, registry, probes)
         self.controller = Controller(
@@ -420,6 +423,8 @@ class Trainer:
                if self.config.lora.enabled else {}),
             **({"kept_in_bf16": sorted(self.plan.always, key=self.unit_order.index)}
                if self.plan.always else {}),
+            **({"attention_fault_layers": sorted(self.attention_fault.layers)}
+               if self.attention_fault.bits else {}),
         })
         if self.run_dir and is_logging_rank():
             # What this run was, for reference-band checks and for whoever reads it later.

@@ -84,6 +84,7 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
     from megatron_gnmr.data.datasets import tokenizer_of
     from megatron_gnmr.lora.merge import merge_shard
     from megatron_gnmr.model import build_model, unwrap
+    from megatron_gnmr.platform.device import run_device
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.finetune import is_adapter_key, load_adapters
     from megatron_gnmr.training.torch_dist import run as dist_run
@@ -108,9 +109,12 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
                       f"merge-lora {run_dir}")
         state = unwrap(model[0]).state_dict()
         group = [None] * parallel_state.get_tensor_model_parallel_world_size()
+        # pickled with the tensors' device, a GPU tensor would come back on the sender's
+        # GPU: the adapters cross as host copies and return to the run's device
         torch.distributed.all_gather_object(
-            group, {k: v for k, v in state.items() if is_adapter_key(k)},
+            group, {k: v.cpu() for k, v in state.items() if is_adapter_key(k)},
             group=parallel_state.get_tensor_model_parallel_group())
+        group = [{k: v.to(run_device()) for k, v in part.items()} for part in group]
         merged = merge_shard(state, group, parallel_state.get_tensor_model_parallel_rank(),
                              tuned.lora.alpha / tuned.lora.dim,
                              row_parallel_linears(tuned))

@@ -33,7 +33,11 @@ def to_plain(value):
         return tuple(items) if isinstance(value, tuple) else items
     if isinstance(value, (set, frozenset)):
         return sorted(to_plain(item) for item in value)
-    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+    if isinstance(value, torch.Tensor):
+        # a file holds host tensors: one restored onto the saving rank's GPU index would fail
+        # where that index is absent, and the reader chooses the device anyway
+        return value.detach().cpu()
+    if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"a checkpoint cannot hold a {type(value).__name__}")
 

@@ -68,13 +68,29 @@ AUDIT_CATCHES = textwrap.dedent("""
     device_audit.check_restored("a state", {"kept": shard["w"].clone(),  # left on the host
                                             "moved": shard["w"].to(device.run_device()),
                                             "step": shard["step"]})  # 0-dim: may stay
+    placed + torch.ones(2)                                          # host into a device op
+    placed + torch.tensor(1.0)                                      # 0-dim: fine
+    placed[torch.tensor([0])]                                       # a host index: fine
+    placed.copy_(torch.ones(2))                                     # a copy across: fine
+    gathered = [None]
+    torch.distributed.all_gather_object(gathered, {"a": placed})    # pickled with its device
+    torch.distributed.all_gather_object(gathered, {"a": placed.cpu()})  # fine
+    import io
+    torch.save({"w": placed}, io.BytesIO())                         # a device tensor saved
+    buffer = io.BytesIO()
+    torch.save({"w": placed.cpu()}, buffer)                         # fine
+    buffer.seek(0)
+    torch.load(buffer, weights_only=True)                           # where would it land?
+    buffer.seek(0)
+    torch.load(buffer, map_location="cpu", weights_only=True)       # fine
 """)
 
 
 def test_the_audit_flags_host_tensors_and_host_parameters(tmp_path):
     """The audit itself can fail: host tensors in a collective, an optimizer over a module
-    that was never moved and restored state left on the host are each recorded; device
-    tensors are not."""
+    that was never moved, restored state left on the host, a host tensor in a device op,
+    device tensors pickled (an object collective, torch.save) and a load that does not say
+    where to are each recorded; what a GPU accepts is not."""
     prefix = tmp_path / "audit"
     result = subprocess.run([sys.executable, "-c", AUDIT_CATCHES, str(prefix)], cwd=REPO,
                             capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
@@ -84,6 +100,10 @@ def test_the_audit_flags_host_tensors_and_host_parameters(tmp_path):
     assert what == ["host tensor (3,) torch.float64 in torch.distributed.all_reduce",
                     "host tensor (2,) torch.float32 in torch.distributed.all_reduce",
                     "host parameter (4, 4) in SGD.step", "host parameter (4,) in SGD.step",
-                    "host tensor (3, 3) torch.float32 restored into a state"]
+                    "host tensor (3, 3) torch.float32 restored into a state",
+                    "host tensor mixed with device tensors in add",
+                    "device tensor (2,) torch.float32 in torch.distributed.all_gather_object",
+                    "device tensor (2,) torch.float32 in torch.save",
+                    "torch.load without map_location"]
     assert report["checked"] == {"collective_tensors": 3, "optimizer_parameters": 4,
-                                 "restored_tensors": 3}
+                                 "restored_tensors": 3, "objects": 4}

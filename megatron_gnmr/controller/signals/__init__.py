@@ -21,6 +21,10 @@ import dataclasses
 
 import numpy as np
 
+from megatron_gnmr.controller.signals.attention_bias import (
+    AttentionBiasSignal,
+    RoundingBiasSignal,
+)
 from megatron_gnmr.controller.signals.attention_error import AttentionErrorSignal
 from megatron_gnmr.controller.signals.autoswitch import AutoswitchSignal
 from megatron_gnmr.controller.signals.base import Observations, RiskSignal
@@ -39,6 +43,8 @@ SIGNALS: dict[str, type[RiskSignal] | None] = {
     "oracle": OracleSignal,
     "autoswitch": AutoswitchSignal,
     "attention_error": AttentionErrorSignal,
+    "attention_bias": AttentionBiasSignal,
+    "rounding_bias": RoundingBiasSignal,
 }
 
 # The gnmr section's fields that belong to a signal (controller/config.py composes them).

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron_gnmr.controller.signals.base import Observations, RiskSignal
+from megatron_gnmr.controller.signals.base import Hold, Observations, RiskSignal, legacy_hold
 from megatron_gnmr.limits import limit
 
 
@@ -45,8 +45,7 @@ class AttentionErrorSignal(RiskSignal):
     def __init__(self, unit_names: list[str], settings: dict):
         super().__init__(unit_names, settings)
         self.threshold = float(settings["attention_error_threshold"])
-        self.hold = int(settings["attention_error_hold"])
-        self.held = np.zeros(len(unit_names), dtype=np.int64)  # -1: for good
+        self.hold = Hold(len(unit_names), int(settings["attention_error_hold"]))
         self.recent = np.full((int(settings["attention_error_window"]), len(unit_names)),
                               np.nan)  # the last values, oldest first
         self.seen = 0
@@ -58,18 +57,13 @@ class AttentionErrorSignal(RiskSignal):
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a unit never measured: NaN
             median = np.nanmedian(self.recent[-min(self.seen, len(self.recent)):], axis=0)
-        score = median / self.threshold
-        breached = score > 1.0  # NaN (a linear, or nothing measured) compares False
-        holding = ~breached & (self.held != 0)
-        out = np.where(holding, np.fmax(score, 1.0 + 1e-9), score)
-        self.held[holding & (self.held > 0)] -= 1
-        self.held[breached] = self.hold
-        return out
+        score = median / self.threshold  # NaN: a linear, or nothing measured
+        return self.hold(score, held_score=np.fmax(score, 1.0 + 1e-9))
 
     def state_dict(self) -> dict:
-        return {"held": self.held.copy(), "recent": self.recent.copy(), "seen": self.seen}
+        return {"hold": self.hold.state_dict(), "recent": self.recent.copy(), "seen": self.seen}
 
     def load_state_dict(self, state: dict) -> None:
-        self.held = np.array(state["held"], dtype=np.int64)
+        self.hold.load_state_dict(state["hold"] if "hold" in state else legacy_hold(state))
         self.recent = np.array(state["recent"], dtype=np.float64)
         self.seen = int(state["seen"])

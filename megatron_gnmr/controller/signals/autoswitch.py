@@ -10,7 +10,10 @@ attention's FP8 operands (`fp8_underflow`, `fp8_mse`: precision/measurements/
 fp8_tensor_quality.py) and scores a unit max(underflow / threshold, MSE / threshold), so it is
 risky exactly when the pull request would switch it; `--gnmr-autoswitch-hold N` keeps it risky
 for N more decisions (0: the pull request's behaviour at that commit, "no cross-iteration
-hold window"; its description of an earlier revision had one).
+hold window"; its description of an earlier revision had one). `--gnmr-autoswitch-scope
+global` is the pull request's default `hold_window_scope`: a breach anywhere makes every unit
+risky (give `--gnmr-max-o` the number of units to let them all switch); `unit` (our default)
+switches the breaching unit alone.
 
 Where ours differs, by construction of the controller: the decision from step s's metrics
 acts in step s + 1, not in step s (the pull request consumes a metric in the iteration that
@@ -26,8 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron_gnmr.controller.signals.base import Observations, RiskSignal
+from megatron_gnmr.controller.signals.base import Hold, Observations, RiskSignal, legacy_hold
 from megatron_gnmr.limits import limit
+
+SCOPES = ("unit", "global")
 
 
 @dataclass
@@ -38,6 +43,9 @@ class AutoswitchSettings:
     """autoswitch: ... or its quantization MSE exceeds this (the tensor's own units)."""
     autoswitch_hold: int = limit(0, ge=0)
     """autoswitch: decisions a unit stays risky after a breach (0: only the next step)."""
+    autoswitch_scope: str = limit("unit", choices=SCOPES)
+    """autoswitch: what a breach switches: its own unit, or every unit (global: the pull
+    request's default hold_window_scope, one breach sends every GEMM of the rank high)."""
 
 
 class AutoswitchSignal(RiskSignal):
@@ -49,25 +57,19 @@ class AutoswitchSignal(RiskSignal):
         super().__init__(unit_names, settings)
         self.underflow_pct = float(settings["autoswitch_underflow_pct"])
         self.mse = float(settings["autoswitch_mse"])
-        self.hold = int(settings["autoswitch_hold"])
-        self.held = np.zeros(len(unit_names), dtype=np.int64)  # decisions still held
-        self.held_score = np.zeros(len(unit_names))
+        self.hold = Hold(len(unit_names), int(settings["autoswitch_hold"]))
+        self.everywhere = settings["autoswitch_scope"] == "global"
 
     def scores(self, observations: Observations) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             score = np.fmax(observations.measured["fp8_underflow"] / self.underflow_pct,
-                            observations.measured["fp8_mse"] / self.mse)
-        breached = score > 1.0  # NaN (not measured) compares False
-        holding = ~breached & (self.held > 0)
-        out = np.where(holding, self.held_score, score)
-        self.held[holding] -= 1
-        self.held[breached] = self.hold
-        self.held_score[breached] = score[breached]
-        return out
+                            observations.measured["fp8_mse"] / self.mse)  # NaN: not measured
+        if self.everywhere and np.isfinite(score).any():
+            score = np.full_like(score, np.nanmax(score))  # the worst unit's, for every unit
+        return self.hold(score)
 
     def state_dict(self) -> dict:
-        return {"held": self.held.copy(), "held_score": self.held_score.copy()}
+        return {"hold": self.hold.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.held = np.array(state["held"], dtype=np.int64)
-        self.held_score = np.array(state["held_score"], dtype=np.float64)
+        self.hold.load_state_dict(state["hold"] if "hold" in state else legacy_hold(state))

@@ -55,3 +55,38 @@ class RiskSignal(Protocol):
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+class Hold:
+    """The one way a signal keeps a unit risky after its breach: for `decisions` more decisions
+    once its score falls back to <= 1 (-1: for the rest of the run; 0: only while breached).
+    A held unit scores what it scored at its last breach, unless the caller says otherwise.
+    NaN scores never breach."""
+
+    def __init__(self, units: int, decisions: int):
+        self.decisions = decisions
+        self.left = np.zeros(units, dtype=np.int64)  # decisions still held (-1: for good)
+        self.score = np.zeros(units)  # each unit's score at its last breach
+
+    def __call__(self, score: np.ndarray, held_score: np.ndarray | None = None) -> np.ndarray:
+        """This decision's scores, held ones replaced (by `held_score` where given)."""
+        breached = score > 1.0  # NaN compares False
+        holding = ~breached & (self.left != 0)
+        out = np.where(holding, self.score if held_score is None else held_score, score)
+        self.left[holding & (self.left > 0)] -= 1
+        self.left[breached] = self.decisions
+        self.score[breached] = score[breached]
+        return out
+
+    def state_dict(self) -> dict:
+        return {"left": self.left.copy(), "score": self.score.copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.left = np.array(state["left"], dtype=np.int64)
+        self.score = np.array(state["score"], dtype=np.float64)
+
+
+def legacy_hold(state: dict) -> dict:
+    """A signal's hold as checkpoints of before `Hold` kept it (`held`, `held_score`)."""
+    held = np.asarray(state["held"], dtype=np.int64)
+    return {"left": held, "score": state.get("held_score", np.zeros(held.shape))}

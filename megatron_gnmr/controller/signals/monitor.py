@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron_gnmr.controller.signals.base import Observations, RiskSignal
+from megatron_gnmr.controller.signals.base import Hold, Observations, RiskSignal
 from megatron_gnmr.limits import limit
 
 SCORE = 2.0
@@ -37,26 +37,26 @@ class MonitorSignal(RiskSignal):
 
     def __init__(self, unit_names: list[str], settings: dict):
         super().__init__(unit_names, settings)
-        self.hold = int(settings["monitor_hold"])
-        self.remaining: dict[str, int] = {}
-        """Prefix -> decisions it stays named after its alarm cleared (-1: always)."""
+        self.hold = Hold(len(unit_names), int(settings["monitor_hold"]))
 
-    def scores(self, observations: Observations) -> np.ndarray:
-        for prefix in observations.alarmed:
-            self.remaining[prefix] = self.hold
-        for prefix, left in list(self.remaining.items()):
-            if prefix in observations.alarmed:
-                continue
-            if left == 0:
-                del self.remaining[prefix]
-            elif left > 0:
-                self.remaining[prefix] = left - 1
-        prefixes = tuple(self.remaining)
-        return np.array([SCORE if prefixes and name.startswith(prefixes) else 0.0
+    def _named(self, prefixes) -> np.ndarray:
+        """Per unit, whether one of the unit-name prefixes names it."""
+        prefixes = tuple(prefixes)
+        return np.array([bool(prefixes) and name.startswith(prefixes)
                          for name in self.unit_names])
 
+    def scores(self, observations: Observations) -> np.ndarray:
+        return self.hold(np.where(self._named(observations.alarmed), SCORE, 0.0))
+
     def state_dict(self) -> dict:
-        return {"remaining": dict(self.remaining)}
+        return {"hold": self.hold.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.remaining = dict(state.get("remaining", {}))
+        if "hold" in state:
+            self.hold.load_state_dict(state["hold"])
+            return
+        # a checkpoint of before the shared hold: decisions left per alarmed prefix
+        for prefix, left in state.get("remaining", {}).items():
+            named = self._named((prefix,))
+            self.hold.left[named] = left
+            self.hold.score[named] = SCORE

@@ -98,10 +98,13 @@ def load_weights_on_one_rank(run_dir: Path):
 def logits_of(run_dir: Path, tokens: torch.Tensor) -> torch.Tensor:
     """The run's logits [batch, seq, padded vocab] for `tokens` [batch, seq], float32."""
     from megatron_gnmr.model import unwrap
+    from megatron_gnmr.platform.device import run_device
 
     with model_on_one_rank(run_dir) as (_, model, _, _), torch.no_grad():
-        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
-        return unwrap(model[0])(tokens, positions, None).float()
+        tokens = tokens.to(run_device())  # the model's device
+        positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0) \
+            .expand_as(tokens)
+        return unwrap(model[0])(tokens, positions, None).float().cpu()
 
 
 def write_tokenizer(tokenizer, out: Path) -> None:

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from megatron_gnmr.precision.measurements.attention_delta_bias import (
+    AttentionDeltaBias,
+    OutputRoundingBias,
+)
 from megatron_gnmr.precision.measurements.attention_delta_error import AttentionDeltaError
 from megatron_gnmr.precision.measurements.base import Measurement, Slots
 from megatron_gnmr.precision.measurements.first_order_loss import (
@@ -26,7 +30,8 @@ from megatron_gnmr.precision.measurements.weight_gradient_error import WeightGra
 MEASUREMENTS: dict[str, Measurement] = {
     m.name: m for m in (QuantizationError(), WeightGradientError(), FirstOrderLossCost(),
                         GrossFirstOrderLossCost(), AttentionDeltaError(), FP8Underflow(),
-                        FP8MeanSquaredError())}
+                        FP8MeanSquaredError(), AttentionDeltaBias(),
+                        OutputRoundingBias())}
 
 # Keys a trace record already uses (controller/trace.py): no measurement may take them.
 RESERVED = frozenset({"type", "step", "norms", "recovery", "alarmed"})

@@ -3,7 +3,8 @@ wrong, per core attention and step (the early detector of the closed loop reads 
 
 Flash attention's backward computes dS = P * (dP - delta) with delta = rowsum(dO * O). The
 low path holds O with a biased rounding inside delta (`--attention-fault-bits`, Qiu & Yao),
-so its dS is off by P * (delta_exact - delta_low) in every row. The measured value is
+or in E4M3 (`--attention-fp8-output`, unbiased), so its dS is off by P * (delta_exact -
+delta_low) in every row. The measured value is
   ||P * (delta_low - delta_exact)|| / ||P * (dP - delta_exact)||
 over the step's rows (all micro-batches, every TP rank's heads): the share of the score
 gradient that is the rounding's. It is measured on the dO and P the run holds, for the low
@@ -34,12 +35,11 @@ class AttentionDeltaError(Measurement):
     @torch.no_grad()
     def attention_delta(self, slots: Slots, low_path, run_path, probabilities, grad_p,
                         grad_out, out, group) -> None:
-        from megatron_gnmr.precision.attention_fault import round_toward_negative
+        from megatron_gnmr.precision.attention_fault import held_output
 
         grad_out, out, p = grad_out.float(), out.float(), probabilities.float()
         delta_exact = (grad_out * out).sum(dim=-1, keepdim=True)
-        held = round_toward_negative(out, low_path.fault_bits) if low_path.fault_bits else out
-        delta_low = (grad_out * held).sum(dim=-1, keepdim=True)
+        delta_low = (grad_out * held_output(out, low_path, group)).sum(dim=-1, keepdim=True)
         # sum_ij P_ij^2 (delta_low - delta_exact)_i^2, without a [rows, keys] temporary
         slots.add(0, torch.sum((delta_low - delta_exact).square()
                                * p.square().sum(dim=-1, keepdim=True)))

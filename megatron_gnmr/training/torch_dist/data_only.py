@@ -86,7 +86,7 @@ def reading_data_only():
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         try:
-            loaded = torch.load(value, weights_only=True)
+            loaded = torch.load(value, map_location="cpu", weights_only=True)
         except Exception as error:
             raise CheckpointNotData(f"a byte item of the checkpoint is not data "
                                     f"({type(error).__name__})") from None

@@ -1,0 +1,119 @@
+"""The detectors the detection study compares, each a family of settings of the controller
+(a risk signal and its knobs, the policy's warm-up, lock and max_o) swept over one threshold,
+and what a detector does on one trace: its first alarm, replayed through the live policy
+(`controller/replay.py`), so the alarm computed here is the first recovery a live run with the
+same settings would make (a test holds them equal).
+
+Families (`FAMILIES`), all acting per core attention unless said:
+- delta-size: the low path's delta error as a share of the score gradient (`attention_error`,
+  issue 45's early detector), each step's value (window 1) or the median of 50;
+- delta-sign: Page's CUSUM on the sign agreement of the delta error over the step's rows
+  (`attention_bias`); rounding-sign: the same on O's own rounding (`rounding_bias`);
+- te-unit / te-global: Transformer Engine's AutoswitchGemm rule (FP8 underflow > 5% or MSE
+  above the threshold), per unit and with the pull request's global scope;
+- spectral: the attention monitor's alarm (the trend model on the dW_q/dW_k update spectra, as
+  the run raised it live: one setting);
+- gnmr: GNMR's own exceedances (alpha, with beta = 3/4 alpha).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megatron_gnmr.controller.config import GNMRConfig
+from megatron_gnmr.controller.replay import Decisions
+from megatron_gnmr.controller.trace import Trace
+
+# What every per-unit detector runs with: it acts from the step after its first alarm and
+# keeps what it recovered (hold -1, where the signal holds), no lock beyond its own hold.
+PER_UNIT = {"max_o": 2, "t_lock": 0, "delta": 1, "warmup": 2}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    signals: str
+    knob: str | None  # the swept setting (a signal's, or the policy's `alpha`)
+    grid: tuple
+    fixed: dict = field(default_factory=dict)  # other signal settings
+    policy: dict = field(default_factory=lambda: dict(PER_UNIT))
+    text: str = ""
+
+
+FAMILIES = (
+    Family("delta-size", "attention_error", "attention_error_threshold",
+           (0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3, 0.45, 0.6),
+           {"attention_error_window": 1, "attention_error_hold": -1},
+           text="delta error share of the score gradient, each step"),
+    Family("delta-size-median50", "attention_error", "attention_error_threshold",
+           (0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3, 0.45, 0.6),
+           {"attention_error_window": 50, "attention_error_hold": -1},
+           {**PER_UNIT, "warmup": 50}, "its median over 50 steps, from step 50"),
+    Family("delta-sign", "attention_bias", "attention_bias_threshold",
+           (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0),
+           {"attention_bias_drift": 0.05, "attention_bias_hold": -1},
+           text="CUSUM on the delta error's sign agreement (drift 0.05)"),
+    Family("rounding-sign", "rounding_bias", "attention_bias_threshold",
+           (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0),
+           {"attention_bias_drift": 0.05, "attention_bias_hold": -1},
+           text="CUSUM on the sign agreement of O's rounding (drift 0.05)"),
+    Family("te-unit", "autoswitch", "autoswitch_mse",
+           (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
+           {"autoswitch_underflow_pct": 5.0, "autoswitch_scope": "unit"},
+           text="TE AutoswitchGemm: underflow > 5% or MSE > threshold, per unit"),
+    Family("te-global", "autoswitch", "autoswitch_mse",
+           (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
+           {"autoswitch_underflow_pct": 5.0, "autoswitch_scope": "global"},
+           {**PER_UNIT, "max_o": 1.0}, "the same, TE's global scope (every unit)"),
+    Family("spectral", "monitor", None, (None,), {"monitor_hold": -1},
+           text="the attention monitor's spectral alarm, as raised live"),
+    Family("gnmr", "gnmr", "alpha", (1.5, 2.0, 3.0, 5.0, 10.0, 20.0), {},
+           {"max_o": 2, "t_lock": 5, "delta": 8, "warmup": 16},
+           "GNMR exceedances (beta = 3/4 alpha)"),
+)
+FAMILY = {family.name: family for family in FAMILIES}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of a family: its settings as the controller takes them."""
+
+    family: str
+    value: object  # the swept knob's value (None: the family has one setting)
+
+    @property
+    def label(self) -> str:
+        return self.family if self.value is None else f"{self.family} {self.value:g}"
+
+    def controller(self, units: int) -> tuple[GNMRConfig, dict]:
+        """(policy config, signal settings) for a model of `units` core attentions."""
+        family = FAMILY[self.family]
+        policy = dict(family.policy)
+        if policy["max_o"] == 1.0:  # every unit at once
+            policy["max_o"] = units
+        signal = {"signals": family.signals, **family.fixed}
+        if family.knob == "alpha":
+            policy.update(alpha=self.value, beta=0.75 * self.value)
+        elif family.knob is not None:
+            signal[family.knob] = self.value
+        return GNMRConfig(**policy), signal
+
+
+def settings(families=None) -> list[Setting]:
+    return [Setting(f.name, value) for f in FAMILIES if families is None or f.name in families
+            for value in f.grid]
+
+
+@dataclass(frozen=True)
+class Alarm:
+    step: int  # the decision's step: the recovery acts from step + 1
+    units: tuple[int, ...]
+
+
+def first_alarm(trace: Trace, setting: Setting) -> Alarm | None:
+    """The first decision with a recovery, or None if the detector never acts on the trace."""
+    config, signal = setting.controller(len(trace.units))
+    for step, decision in zip(trace.steps, Decisions(trace, config, signal)):
+        if decision.recovery:
+            return Alarm(step, tuple(decision.recovery))
+    return None
