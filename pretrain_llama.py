@@ -30,20 +30,33 @@ def main(argv: list[str] | None = None) -> dict:
     validate(config, launch_world_size())
 
     from megatron_gnmr.errors import RunAborted
+    from megatron_gnmr.platform.parent_death import end_with_the_agent
     from megatron_gnmr.training import distributed, run_directory
+    from megatron_gnmr.training.consensus import on_every_rank
     from megatron_gnmr.training.loop import Trainer
+    from megatron_gnmr.training.run_lock import RunLock
 
+    end_with_the_agent()
     distributed.initialize(config)
-    trainer = Trainer(config)
+    lock = RunLock(config.training.save) if config.training.save and \
+        distributed.is_logging_rank() else None
+    on_every_rank(lambda: lock.acquire() if lock else None)  # before anything is written
+    if lock is not None and lock.taken_over:
+        print(f"notice: {lock.taken_over}", file=sys.stderr)
     try:
-        summary = trainer.run()
-    except RunAborted as error:  # stopped on purpose: torchrun must not train into it again
-        if config.training.save and distributed.is_logging_rank() and \
-                not isinstance(error, run_directory.StoppedBefore):
-            run_directory.mark_stopped(config.training.save, error, trainer.state.step)
-        raise
+        trainer = Trainer(config)
+        try:
+            summary = trainer.run()
+        except RunAborted as error:  # stopped on purpose: torchrun must not train into it
+            if config.training.save and distributed.is_logging_rank() and \
+                    not isinstance(error, run_directory.StoppedBefore):
+                run_directory.mark_stopped(config.training.save, error, trainer.state.step)
+            raise
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
+        if lock is not None:
+            lock.release()
     # a run stopped by a signal or its time limit is not finished: no summary.json, so
     # whatever waits for one (reproduce, a job script) resumes it
     if config.training.save and distributed.is_logging_rank() and "exit" not in summary:

@@ -180,9 +180,12 @@ def padded_vocab_size(vocab_size: int, config: RunConfig) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
+def build_model(config: RunConfig, vocab_size: int,
+                for_training: bool = True) -> list[torch.nn.Module]:
     """This rank's model chunks (one: no virtual pipeline), ready for megatron's schedules.
-    `vocab_size`: the tokenizer's (padded here)."""
+    `vocab_size`: the tokenizer's (padded here). `for_training` False (the tools: evaluate,
+    export, import, merge): no gradients and no DDP wrapper, whose float32 gradient buffer
+    alone is twice a bf16 model's weights (the tools must fit where the model fits)."""
     tconfig = transformer_config(config)
     model: torch.nn.Module = build_gpt_model(config, tconfig,
                                              padded_vocab_size(vocab_size, config))
@@ -193,6 +196,9 @@ def build_model(config: RunConfig, vocab_size: int) -> list[torch.nn.Module]:
     model.to(run_device())
     if tconfig.bf16:
         model = Float16Module(tconfig, model)
+    if not for_training:
+        model.requires_grad_(False)
+        return [model]
     p = config.parallel
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=not config.training.grad_reduce_in_bf16,

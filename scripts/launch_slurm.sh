@@ -7,7 +7,8 @@
 # - Time limit: SLURM sends USR1 to this script 3 minutes before it (`--signal=B:USR1@180`);
 #   the script passes SIGTERM to the training processes themselves (not to torchrun, which
 #   would kill them 30 s later), every rank saves at the end of its current step and exits 0
-#   (training/exit_signals.py), and the job requeues itself.
+#   (training/exit_signals.py), and once they have exited the job requeues itself (a requeue
+#   while they save would end the job at once: SIGTERM, then SIGKILL after KillWait).
 # - A lost node: SLURM requeues the job (`--requeue`); it comes back on the nodes it gets
 #   (`--nodes=MIN-MAX`), and the resume reshards the torch_dist checkpoint (the default
 #   format) to the new data-parallel size: keep --global-batch-size a multiple of
@@ -56,20 +57,27 @@ fi
 
 echo "launch_slurm: job $SLURM_JOB_ID on $NODES node(s) x $GPUS_PER_NODE, restart" \
      "${SLURM_RESTART_COUNT:-0}, run directory $SAVE"
+requeue=
 time_limit() {
   echo "launch_slurm: the time limit is near: the ranks save at the end of this step"
   # the training processes (torchrun starts them as `python -u pretrain_llama.py ...`)
   srun --overlap --ntasks-per-node=1 pkill -TERM -f -- "-u $REPO/pretrain_llama.py" || true
-  scontrol requeue "$SLURM_JOB_ID"
+  requeue=1  # once they have saved and exited: a requeue ends the job at once (SIGTERM,
+             # then SIGKILL after KillWait), which would cut the save short
 }
 trap time_limit USR1
 
 "${launch[@]}" &
 training=$!
-# `wait` returns early when a trapped signal arrives; wait again for the launch to finish
-status=0
-wait "$training" || status=$?
-while kill -0 "$training" 2>/dev/null; do
+# `wait` returns early (128 + the signal) when a trapped signal arrives: wait again until the
+# launch has finished, and exit with its status
+while true; do
+  status=0
   wait "$training" || status=$?
+  kill -0 "$training" 2>/dev/null || break
 done
+if [ -n "$requeue" ]; then
+  echo "launch_slurm: saved; requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID"
+fi
 exit "$status"

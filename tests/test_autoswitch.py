@@ -22,12 +22,13 @@ SEQUENCE = [
 ]
 
 
-def _settings(hold: int) -> dict:
-    return {"autoswitch_underflow_pct": 5.0, "autoswitch_mse": 1e-4, "autoswitch_hold": hold}
+def _settings(hold: int, scope: str = "unit") -> dict:
+    return {"autoswitch_underflow_pct": 5.0, "autoswitch_mse": 1e-4, "autoswitch_hold": hold,
+            "autoswitch_scope": scope}
 
 
-def _risky(hold: int) -> list[list[int]]:
-    signal = AutoswitchSignal(UNITS, _settings(hold))
+def _risky(hold: int, scope: str = "unit") -> list[list[int]]:
+    signal = AutoswitchSignal(UNITS, _settings(hold, scope))
     out = []
     for underflow, mse in SEQUENCE:
         scores = signal.scores(Observations(measured={
@@ -38,6 +39,13 @@ def _risky(hold: int) -> list[list[int]]:
 
 def test_the_rule_switches_on_a_breach_of_either_threshold_for_the_next_step_only():
     assert _risky(hold=0) == [[1], [0], [], [], []]
+
+
+def test_the_global_scope_switches_every_unit_on_any_breach():
+    """The pull request's default hold_window_scope: one breach, every unit (step 3 is at
+    both thresholds, not above, and unit 0 is unmeasured: nothing)."""
+    assert _risky(hold=0, scope="global") == [[0, 1], [0, 1], [], [], []]
+    assert _risky(hold=1, scope="global") == [[0, 1], [0, 1], [0, 1], [], []]
 
 
 def test_a_hold_keeps_the_unit_for_that_many_more_decisions():

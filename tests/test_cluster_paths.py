@@ -43,3 +43,39 @@ def test_only_torch_adam_is_given_a_step_before_a_load():
         assert len(fused.state) == 0
         fused.state_dict()  # TE's mapping of state names: no KeyError
     assert len(torch_adam.state) == 0
+
+
+def test_the_tools_build_the_model_without_gradients_and_evaluate_in_micro_batches(tmp_path,
+                                                                                   monkeypatch):
+    """evaluate (as export, import and merge) reads a run into a model with no gradient and
+    no DDP wrapper: its float32 gradient buffer is twice a bf16 model's weights. It forwards
+    the run's micro-batch at a time (4 here), not the whole evaluation set (10 sequences)."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel
+
+    from megatron_gnmr.evaluation import command
+    from megatron_gnmr.evaluation.loaded_run import LoadedRun, load_run
+    from megatron_gnmr.training import distributed
+
+    run = tmp_path / "run"
+    assert pretrain_in_process([*TINY, "--train-iters", "3", "--eval-interval", "3",
+                                "--micro-batch-size", "4", "--save", str(run)]) == 0
+    try:
+        loaded = load_run(str(run))
+        chunk = loaded.model[0]
+        assert not isinstance(chunk, DistributedDataParallel)
+        assert not any(p.requires_grad for p in chunk.parameters())
+        assert not any(hasattr(p, "main_grad") for p in chunk.parameters())
+        sizes = []
+        original = LoadedRun.losses
+
+        def recording(self, tokens, labels):
+            sizes.append(tokens.shape[0])
+            return original(self, tokens, labels)
+
+        monkeypatch.setattr(LoadedRun, "losses", recording)
+        valid = loaded.valid_split(sequences=10)
+        assert torch.isfinite(torch.tensor(command.mean_loss(loaded, valid, 10)))
+        assert sizes == [4, 4, 2]
+    finally:
+        distributed.shutdown()

@@ -33,8 +33,8 @@ def mean_loss(run: LoadedRun, valid, sequences: int) -> float:
     import torch
 
     total, count = 0.0, 0
-    for start in range(0, min(sequences, len(valid)), 32):
-        samples = [valid[i] for i in range(start, min(start + 32, sequences, len(valid)))]
+    for start in range(0, min(sequences, len(valid)), run.batch):
+        samples = [valid[i] for i in range(start, min(start + run.batch, sequences, len(valid)))]
         tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long()
         labels = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long()
         mask = torch.stack([torch.as_tensor(s["loss_mask"]) for s in samples]).float()

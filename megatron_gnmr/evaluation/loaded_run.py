@@ -31,7 +31,6 @@ from megatron_gnmr.training.finetune import (
 )
 from megatron_gnmr.training.resume import load_model_state
 
-BATCH = 32  # sequences per forward pass
 
 
 def run_config(run_dir: Path) -> RunConfig:
@@ -52,12 +51,18 @@ class LoadedRun:
     data: DataSource
     base_run: Path | None  # a LoRA fine-tune's base run directory
 
+    @property
+    def batch(self) -> int:
+        """Sequences per forward pass: the run's micro-batch, which it was trained to fit
+        (a whole evaluation set at once would not, at a real model's size and context)."""
+        return self.config.training.micro_batch_size
+
     @torch.no_grad()
     def token_losses(self, rows: list[list[int]]) -> list[np.ndarray]:
         """Per-position next-token loss of each row: entry t is -log p(row[t+1] | row[:t+1])."""
         out = []
-        for start in range(0, len(rows), BATCH):
-            batch = rows[start: start + BATCH]
+        for start in range(0, len(rows), self.batch):
+            batch = rows[start: start + self.batch]
             width = max(len(r) for r in batch) - 1
             filler = self.data.tokenizer.pad if self.data.tokenizer.pad >= 0 else \
                 self.data.tokenizer.eod  # a tokenizer without a pad id (-1): any real id
@@ -131,7 +136,7 @@ def load_run(run_dir: str, exact: bool = False, data_path: list[str] | None = No
         raise UserError(f"evaluate {run_dir}: pipeline-parallel runs are not supported yet")
     distributed.initialize(config)
     data = _held_out_data(config, data_path)
-    model = build_model(config, data.tokenizer.vocab_size)
+    model = build_model(config, data.tokenizer.vocab_size, for_training=False)
     shape = UnitShape.of(config)
     plan = PrecisionPlan(all_recovery=exact or config.precision.precision_static == "recovery",
                          always=kept_high(config.precision, shape.names()))

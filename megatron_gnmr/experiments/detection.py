@@ -16,8 +16,8 @@ Twins that never die (the fault on a layer it does not kill) are counted apart.
 
 The choice (`choose`): among settings that fire on no healthy run, the one that alarms
 before the onset of harm on the right layer on the most dying twins, then the longest
-median lead over the onset. Transformer Engine's rule at its tuned threshold: the lowest MSE
-threshold of te-unit that fires on no healthy run. Writes DIR/detection.{md,json,png}.
+median lead over the onset. Transformer Engine's rule at its tuned thresholds: te-unit's
+best setting by the same measure. Writes DIR/detection.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -127,18 +127,14 @@ def evaluate(setting: Setting, cases: list[SeedCase]) -> Row:
                _median(false_alarms), len(lived), lived_fired, alarms)
 
 
-def choose(rows: list[Row]) -> Row | None:
-    """The setting the held-out round runs: no healthy run fired; then the most dying twins
-    alarmed early on the right layer; then the longest median lead over the onset."""
-    quiet = [r for r in rows if r.healthy_fired == 0 and r.early_and_right > 0]
-    return max(quiet, key=lambda r: (r.early_and_right, r.lead_over_onset or 0.0),
-               default=None)
-
-
-def tuned_rival(rows: list[Row], family: str = "te-unit") -> Row | None:
-    """TE's rule at the lowest MSE threshold that fires on no healthy run."""
-    quiet = [r for r in rows if r.family == family and r.healthy_fired == 0]
-    return min(quiet, key=lambda r: r.value, default=None)
+def choose(rows: list[Row], family: str | None = None) -> Row | None:
+    """The setting the held-out round runs (of `family`, or of any): no healthy run fired;
+    then the most dying twins alarmed early on the right layer; then the longest median lead
+    over the onset; then the most dying twins alarmed before death. For TE's rule, its best
+    thresholds by the same measure (the lowest that never fire on a healthy run)."""
+    quiet = [r for r in rows if r.healthy_fired == 0 and (family is None or r.family == family)]
+    return max(quiet, key=lambda r: (r.early_and_right, r.lead_over_onset or 0.0,
+                                     r.before_death), default=None)
 
 
 def load_cases(traces: Path, seeds: list[int] | None) -> tuple[list[SeedCase], float]:
@@ -190,7 +186,7 @@ def run(args: argparse.Namespace) -> dict:
     cases, margin = load_cases(traces, args.seeds)
     rows = [evaluate(setting, cases)
             for setting in tqdm(settings(args.families), desc="detectors", unit="setting")]
-    chosen, rival = choose(rows), tuned_rival(rows)
+    chosen, rival = choose(rows), choose(rows, "te-unit")
     result = {"seeds": [c.seed for c in cases], "harm_margin": margin,
               "cases": {c.seed: {"fault_layers": c.twin.fault_layers,
                                  "died_at": c.twin.diverged_at, "onset": c.onset,

@@ -38,8 +38,9 @@ def table(result: dict, rows) -> str:
             f"{_number(r.lead_over_death)} | {r.healthy_fired}/{r.healthy} | "
             f"{_number(r.first_false_alarm)} | {r.lived_fired}/{r.lived} |")
     lines += ["", f"Chosen (no healthy run fired; most early and right; then longest lead): "
-              f"**{result['chosen']}**. Transformer Engine's rule at its tuned threshold (the "
-              f"lowest that fires on no healthy run): **{result['te_tuned']}**."]
+              f"**{result['chosen']}**. Transformer Engine's rule at its tuned thresholds "
+              f"(underflow %/MSE; its best that fires on no healthy run): "
+              f"**{result['te_tuned']}**."]
     return "\n".join(lines) + "\n"
 
 

@@ -9,8 +9,9 @@ Families (`FAMILIES`), all acting per core attention unless said:
   issue 45's early detector), each step's value (window 1) or the median of 50;
 - delta-sign: Page's CUSUM on the sign agreement of the delta error over the step's rows
   (`attention_bias`); rounding-sign: the same on O's own rounding (`rounding_bias`);
-- te-unit / te-global: Transformer Engine's AutoswitchGemm rule (FP8 underflow > 5% or MSE
-  above the threshold), per unit and with the pull request's global scope;
+- te-unit / te-global: Transformer Engine's AutoswitchGemm rule (an FP8 operand's underflow
+  share or quantization MSE above its threshold, both swept), per unit and with the pull
+  request's global scope;
 - spectral: the attention monitor's alarm (the trend model on the dW_q/dW_k update spectra, as
   the run raised it live: one setting);
 - gnmr: GNMR's own exceedances (alpha, with beta = 3/4 alpha).
@@ -29,11 +30,18 @@ from megatron_gnmr.controller.trace import Trace
 PER_UNIT = {"max_o": 2, "t_lock": 0, "delta": 1, "warmup": 2}
 
 
+# TE's rule has two thresholds, swept together: (underflow %, MSE). Its defaults (5, 1e-4)
+# and its example config's MSE (0.1) are on the grid.
+TE_THRESHOLDS = ("autoswitch_underflow_pct", "autoswitch_mse")
+TE_GRID = tuple((underflow, mse) for underflow in (5.0, 10.0, 20.0, 40.0, 100.0)
+                for mse in (1e-4, 1e-3, 1e-2, 0.1, 1.0))
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
     signals: str
-    knob: str | None  # the swept setting (a signal's, or the policy's `alpha`)
+    knob: str | tuple | None  # the swept setting (a signal's, several, or the policy's alpha)
     grid: tuple
     fixed: dict = field(default_factory=dict)  # other signal settings
     policy: dict = field(default_factory=lambda: dict(PER_UNIT))
@@ -57,13 +65,9 @@ FAMILIES = (
            (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0),
            {"attention_bias_drift": 0.05, "attention_bias_hold": -1},
            text="CUSUM on the sign agreement of O's rounding (drift 0.05)"),
-    Family("te-unit", "autoswitch", "autoswitch_mse",
-           (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
-           {"autoswitch_underflow_pct": 5.0, "autoswitch_scope": "unit"},
-           text="TE AutoswitchGemm: underflow > 5% or MSE > threshold, per unit"),
-    Family("te-global", "autoswitch", "autoswitch_mse",
-           (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
-           {"autoswitch_underflow_pct": 5.0, "autoswitch_scope": "global"},
+    Family("te-unit", "autoswitch", TE_THRESHOLDS, TE_GRID, {"autoswitch_scope": "unit"},
+           text="TE AutoswitchGemm: underflow % or MSE above its threshold, per unit"),
+    Family("te-global", "autoswitch", TE_THRESHOLDS, TE_GRID, {"autoswitch_scope": "global"},
            {**PER_UNIT, "max_o": 1.0}, "the same, TE's global scope (every unit)"),
     Family("spectral", "monitor", None, (None,), {"monitor_hold": -1},
            text="the attention monitor's spectral alarm, as raised live"),
@@ -83,7 +87,11 @@ class Setting:
 
     @property
     def label(self) -> str:
-        return self.family if self.value is None else f"{self.family} {self.value:g}"
+        if self.value is None:
+            return self.family
+        if isinstance(self.value, tuple):
+            return f"{self.family} {'/'.join(f'{v:g}' for v in self.value)}"
+        return f"{self.family} {self.value:g}"
 
     def controller(self, units: int) -> tuple[GNMRConfig, dict]:
         """(policy config, signal settings) for a model of `units` core attentions."""
@@ -94,6 +102,8 @@ class Setting:
         signal = {"signals": family.signals, **family.fixed}
         if family.knob == "alpha":
             policy.update(alpha=self.value, beta=0.75 * self.value)
+        elif isinstance(family.knob, tuple):
+            signal.update(zip(family.knob, self.value))
         elif family.knob is not None:
             signal[family.knob] = self.value
         return GNMRConfig(**policy), signal

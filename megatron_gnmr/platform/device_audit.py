@@ -227,13 +227,32 @@ def _wrap_object_collective(audit: DeviceAudit, name: str, original):
     @functools.wraps(original)
     def collective(*args, **kwargs):
         # the object is the second argument of all_gather_object / gather_object, the first
-        # of the list forms
+        # of the list forms (which are also what is received)
         sent = args[1] if name in ("all_gather_object", "gather_object") and len(args) > 1 \
             else (args[0] if args else kwargs.get("object_list", kwargs.get("obj")))
         audit.check_object(f"torch.distributed.{name}", sent)
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        # what arrives was unpickled, unseen by the mode: host tensors, as they were sent
+        # (a device tensor sent is recorded above)
+        for received in (*args[:1], *kwargs.values()):
+            for tensor in _tree_tensors(received):
+                _set_mark(tensor, True)
+        return result
 
     return collective
+
+
+def _mark_from_numpy() -> None:
+    """`torch.from_numpy` does not pass through the mode: its tensors are host tensors."""
+    original = torch.from_numpy
+
+    @functools.wraps(original)
+    def from_numpy(array):
+        tensor = original(array)
+        _set_mark(tensor, True)
+        return tensor
+
+    torch.from_numpy = from_numpy
 
 
 def _inside_object_collective() -> bool:
@@ -326,6 +345,7 @@ def install() -> DeviceAudit:
 
     register_optimizer_step_pre_hook(audit.check_optimizer)
     _mark_new_parameters()
+    _mark_from_numpy()
     HostTensorMarks().__enter__()
     atexit.register(audit.write_report)
     return audit

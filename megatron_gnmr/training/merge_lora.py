@@ -102,7 +102,7 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
     distributed.initialize(tuned)
     try:
         vocab = tokenizer_of(tuned.data).vocab_size
-        model = build_model(tuned, vocab)
+        model = build_model(tuned, vocab, for_training=False)
         dist_run.load_model_weights(model, base_dir, f"the base {base_dir}",
                                     not_in_checkpoint=is_adapter_key)
         load_adapters(model[0], checkpoint.load_shard(directory)["model"][0],
@@ -112,14 +112,16 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
         # pickled with the tensors' device, a GPU tensor would come back on the sender's
         # GPU: the adapters cross as host copies and return to the run's device
         torch.distributed.all_gather_object(
-            group, {k: v.cpu() for k, v in state.items() if is_adapter_key(k)},
+            group, {k: v.cpu() if torch.is_tensor(v) else v for k, v in state.items()
+                    if is_adapter_key(k)},
             group=parallel_state.get_tensor_model_parallel_group())
-        group = [{k: v.to(run_device()) for k, v in part.items()} for part in group]
+        group = [{k: v.to(run_device()) if torch.is_tensor(v) else v for k, v in part.items()}
+                 for part in group]
         merged = merge_shard(state, group, parallel_state.get_tensor_model_parallel_rank(),
                              tuned.lora.alpha / tuned.lora.dim,
                              row_parallel_linears(tuned))
         plain = RunConfig.from_dict(merged_config)
-        target = build_model(plain, vocab)
+        target = build_model(plain, vocab, for_training=False)
         live = unwrap(target[0]).state_dict()
         unwrap(target[0]).load_state_dict(
             {**{k: v for k, v in live.items() if k.endswith("_extra_state")},

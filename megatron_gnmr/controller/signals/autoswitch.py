@@ -58,7 +58,7 @@ class AutoswitchSignal(RiskSignal):
         self.underflow_pct = float(settings["autoswitch_underflow_pct"])
         self.mse = float(settings["autoswitch_mse"])
         self.hold = Hold(len(unit_names), int(settings["autoswitch_hold"]))
-        self.everywhere = settings["autoswitch_scope"] == "global"
+        self.everywhere = settings.get("autoswitch_scope", "unit") == "global"
 
     def scores(self, observations: Observations) -> np.ndarray:
         with np.errstate(invalid="ignore"):

@@ -62,7 +62,7 @@ def model_on_one_rank(run_dir: Path):
     distributed.initialize(config)
     try:
         tokenizer = tokenizer_of(config.data)
-        model = build_model(config, tokenizer.vocab_size)
+        model = build_model(config, tokenizer.vocab_size, for_training=False)
         choice = choose(str(run_dir))
         if choice.format == "torch_dist":
             from megatron_gnmr.training.torch_dist import run

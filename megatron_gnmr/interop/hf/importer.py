@@ -127,7 +127,7 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
         config.training.ckpt_format = "torch_dist"
         distributed.initialize(config)
         try:
-            model = build_model(config, tokenizer.vocab_size)
+            model = build_model(config, tokenizer.vocab_size, for_training=False)
             live = unwrap(model[0]).state_dict()
             ours = llama.from_hf(weights, config)
             _check_shapes(ours, live, where)
