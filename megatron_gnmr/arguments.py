@@ -77,7 +77,12 @@ def build_parser(prog: str = "pretrain_llama.py") -> argparse.ArgumentParser:
         for f, kind, doc in _fields(section):
             flag, dest = flag_name(section, f.name), f"{section}.{f.name}"
             help_text = doc.replace("%", "%%")
-            if kind is bool:
+            if kind is bool and f.name.startswith("no_"):
+                # argparse's --X/--no-X pair would read `--no-load-optim` as its "no" form:
+                # False. A negative name is a switch that only turns on.
+                group.add_argument(flag, dest=dest, action="store_true",
+                                   default=argparse.SUPPRESS, help=help_text)
+            elif kind is bool:
                 group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
                                    default=argparse.SUPPRESS, help=help_text)
             elif kind is list:

@@ -244,6 +244,18 @@ class TrainingConfig:
     each tensor, resharded on load, so a resume may change TP/PP/DP/EP; the default) or torch
     (per-rank files, the same layout only; the default of LoRA runs, whose fine-tunes'
     checkpoints hold the adapters alone and which merge-lora reads). A resume reads either."""
+    dist_ckpt_optim_fully_reshardable: bool = False
+    """torch_dist with --use-distributed-optimizer: save the optimizer in its fully
+    reshardable form, so a resume may change TP, PP or EP (each rank gathers its TP/PP shard's
+    whole state: 12 bytes per parameter of the shard in host memory, at every save and load;
+    `estimate-memory` gives the bytes). Without it, Megatron-LM's default: the DP-reshardable
+    form (each rank writes its own part, no gather; a resume may change DP only)."""
+    distrib_optim_fully_reshardable_mem_efficient: bool = False
+    """With --dist-ckpt-optim-fully-reshardable: gather to data-parallel rank 0 alone (over
+    gloo), which writes the optimizer; the other ranks hold nothing extra at a save."""
+    ckpt_fully_parallel_load: bool = False
+    """torch_dist: each data-parallel replica reads a share of the checkpoint and they
+    exchange the rest (Megatron-LM's flag), instead of every rank reading all it needs."""
     no_load_optim: bool = False
     """Resume without the optimizer's and the LR scheduler's state (Megatron-LM's meaning)."""
     no_load_rng: bool = False

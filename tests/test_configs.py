@@ -27,3 +27,22 @@ def test_flags_override_yaml():
     assert config.model.hidden_size == 128  # YAML
     assert config.gnmr.alpha == 3.0 and config.gnmr.enabled
     assert config.gnmr.max_o == 2  # YAML, kept an int (a count, not a fraction)
+
+
+def test_a_negative_switch_turns_on_under_its_own_name():
+    """A boolean field whose name is itself negative (`no_load_optim`) is turned on by its
+    flag: argparse's --X/--no-X pair read `--no-load-optim` as the "no" form of a
+    `--load-optim`, so the flag did nothing (found resuming with it). Every such field."""
+    import dataclasses
+
+    from megatron_gnmr.arguments import SECTIONS
+    from megatron_gnmr.config import RunConfig, flag_name
+
+    negative = [(section, field.name) for section in SECTIONS
+                for field in dataclasses.fields(getattr(RunConfig(), section))
+                if field.name.startswith("no_")]
+    assert len(negative) >= 2
+    for section, name in negative:
+        config = parse_config([flag_name(section, name)])
+        assert getattr(getattr(config, section), name) is True, name
+    assert parse_config(["--gnmr", "--no-gnmr"]).gnmr.enabled is False  # the pair still works

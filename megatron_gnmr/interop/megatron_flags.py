@@ -215,8 +215,14 @@ RULES: dict[str, Rule] = {
     "--ckpt-fully-parallel-save": nothing("torch_dist's save is always fully parallel here "
                                           "(each tensor written once, the writing spread over "
                                           "the data-parallel replicas)"),
-    "--dist-ckpt-optim-fully-reshardable": nothing("the distributed optimizer is always saved "
-                                                   "in its fully reshardable form"),
+    "--dist-ckpt-optim-fully-reshardable": same("the distributed optimizer saved fully "
+                                                "reshardable (TP, PP, EP may change at a "
+                                                "resume); without it DP-reshardable, as "
+                                                "Megatron-LM"),
+    "--distrib-optim-fully-reshardable-mem-efficient": same("the fully reshardable save "
+                                                            "gathered to DP rank 0 alone"),
+    "--ckpt-fully-parallel-load": same("each data-parallel replica reads a share and they "
+                                       "exchange the rest"),
     "--async-save": refused("checkpoints are written synchronously: megatron-core's async save "
                             "(a writer finishing during the next steps) is not part of the "
                             "complete-or-invisible publish here; drop it (a save of the 8 x 512 "

@@ -290,15 +290,24 @@ def fix_torch_adam_reshard() -> None:
     tensors over that state key by key, and the checkpoint holds no per-parameter `step` (it
     is saved once, in the parameter groups): a KeyError (0.16.1). The step is the one already
     set (the checkpoint's), so the copy keeps it, also where the tensors hold one (the
-    DP-reshardable form hands back `zero_adam_state`'s zero step, which would reset it). And that step is ONE tensor
-    shared by every parameter's state, which torch's Adam increments in place once per
-    parameter per step (the bias correction then runs ahead: a resume that is not exact), so
-    each parameter gets its own copy. With apex or TE, nothing is changed."""
+    DP-reshardable form hands back `zero_adam_state`'s zero step, which would reset it). And
+    that step is ONE tensor shared by every parameter's state, which torch's Adam increments
+    in place once per parameter per step (the bias correction then runs ahead: a resume that
+    is not exact), so each parameter gets its own copy. With apex or TE, nothing is changed.
+
+    Whatever the optimizer: the DP-reshardable load copies the checkpoint into the main
+    parameters outside `torch.no_grad` (0.16.1 `load_parameter_state_from_dp_reshardable`),
+    and where a main parameter is a view of the model's (float32 runs) autograd refuses the
+    in-place copy; the load runs under no_grad, as its fully reshardable sibling does."""
+    import torch
     from megatron.core.optimizer import distrib_optimizer
 
+    cls = distrib_optimizer.DistributedOptimizer
+    dp_load = getattr(cls, "load_parameter_state_from_dp_reshardable", None)
+    if dp_load is not None:
+        cls.load_parameter_state_from_dp_reshardable = torch.no_grad()(dp_load)
     if getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True):
         return
-    cls = distrib_optimizer.DistributedOptimizer
     original = cls._set_main_param_and_optimizer_states
 
     def set_states(self, model_param, tensors):

@@ -8,6 +8,20 @@ writing over the data-parallel replicas). The torch format writes one file per r
 data-parallel replica writes its model shard, and its optimizer state too unless the
 distributed optimizer splits that over the replicas. `--keep-last` checkpoints stay on disk.
 Metadata (a few KiB per tensor) comes on top.
+
+Host memory per rank at a torch_dist save and load (`host_bytes_per_rank`), where a large
+model's checkpoints fail first (host OOM on an 8-GPU node). Per rank, N parameters (its TP/PP/EP
+shard), S bytes of optimizer state each (8, or 12 in bf16 with its fp32 main weight), D the
+data-parallel size: the weights are written once, the writing spread over the replicas (N x
+weight bytes / D staged per rank); the optimizer, with the distributed optimizer,
+- DP-reshardable (the default): each rank its own part, N x S / D, at a save and a load;
+- fully reshardable: every rank gathers its shard's whole state, N x S, at a save and a load
+  (megatron-core's NCCL all-gather of each buffer);
+- fully reshardable, memory-efficient: data-parallel rank 0 alone gathers at a save, N x S
+  plus as much in receive buffers; a load is still N x S on every rank.
+Without the distributed optimizer each replica holds the whole N x S and reads it whole. A
+load reads whole what the rank needs (the weights of its shard, D times its written share),
+or only its share with --ckpt-fully-parallel-load (the replicas exchange the rest).
 """
 
 from __future__ import annotations
@@ -36,10 +50,43 @@ def checkpoint_bytes(config, world_size: int) -> dict[str, float]:
             "torch": dp * weights + (1 if p.use_distributed_optimizer else dp) * optimizer}
 
 
+def host_bytes_per_rank(config, world_size: int) -> dict[str, float]:
+    """{"save": bytes, "load": bytes} of host memory one rank needs for a torch_dist
+    checkpoint (the most loaded rank), per the module docstring."""
+    p, t = config.parallel, config.training
+    dp = max(world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size), 1)
+    dense, experts = parameters_per_rank(config)
+    shard = dense + experts
+    weights = shard * (2 if t.bf16 else 4) / dp
+    state = shard * (8 + (4 if t.bf16 else 0))
+    # a load reads what the rank needs whole, or its share with a fully parallel load
+    read = 1 if t.ckpt_fully_parallel_load else dp
+    if not p.use_distributed_optimizer:
+        return {"save": weights + state / dp, "load": (weights + state / dp) * read}
+    if not t.dist_ckpt_optim_fully_reshardable:
+        return {"save": weights + state / dp, "load": weights * read + state / dp}
+    gather = 2 * state if t.distrib_optim_fully_reshardable_mem_efficient else state
+    return {"save": weights + gather, "load": weights * read + state / dp * read}
+
+
 def lines(config, world_size: int) -> list[str]:
     sizes, keep = checkpoint_bytes(config, world_size), config.training.keep_last
     chosen = config.training.ckpt_format
     return [f"checkpoint size ({whole_model_parameters(config) / 1e6:.1f} M parameters, "
             f"weights and optimizer state; --keep-last {keep} on disk):"] + [
         f"  {name:<11}{size / GIB:10.2f} GiB per checkpoint, {keep * size / GIB:.2f} GiB kept"
-        + ("  <- --ckpt-format" if name == chosen else "") for name, size in sizes.items()]
+        + ("  <- --ckpt-format" if name == chosen else "") for name, size in sizes.items()] + \
+        _host_lines(config, world_size)
+
+
+def _host_lines(config, world_size: int) -> list[str]:
+    t = config.training
+    if t.ckpt_format == "torch":
+        return []
+    form = "optimizer not distributed" if not config.parallel.use_distributed_optimizer \
+        else "fully reshardable" + (", memory-efficient" if
+                                    t.distrib_optim_fully_reshardable_mem_efficient else "") \
+        if t.dist_ckpt_optim_fully_reshardable else "DP-reshardable"
+    host = host_bytes_per_rank(config, world_size)
+    return [f"torch_dist host memory per rank ({form}): save {host['save'] / GIB:.2f} GiB, "
+            f"load {host['load'] / GIB:.2f} GiB"]

@@ -25,6 +25,7 @@ from tests.helpers import (
     REPO,
     TINY,
     TORCHRUN,
+    pretrain_in_process,
     read_jsonl,
     run_batch,
     run_pretrain,
@@ -42,10 +43,18 @@ CASES = {
     "tp2_to_tp1": (["--tensor-model-parallel-size", "2"], []),
     "pp1_to_pp2": ([], ["--pipeline-model-parallel-size", "2"]),
     "dp2_to_dp1": ([], []),
+    # the distributed optimizer's default form (DP-reshardable) follows a DP change
     "dp2_to_dp1_distopt": (["--use-distributed-optimizer"], ["--use-distributed-optimizer"]),
-    # an EP change reshards the expert optimizer state through the distributed optimizer
+    # an EP change reshards the expert optimizer state through the distributed optimizer, in
+    # its fully reshardable form (gathered to DP rank 0 alone here)
     "ep2_to_ep1_distopt": ([*MOE, "--expert-model-parallel-size", "2",
-                            "--use-distributed-optimizer"], [*MOE, "--use-distributed-optimizer"]),
+                            "--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable",
+                            "--distrib-optim-fully-reshardable-mem-efficient"],
+                           [*MOE, "--use-distributed-optimizer"]),
+    # a TP change of the distributed optimizer, fully reshardable, read fully in parallel
+    "tp2_to_tp1_distopt": (["--tensor-model-parallel-size", "2", "--use-distributed-optimizer",
+                            "--dist-ckpt-optim-fully-reshardable"],
+                           ["--use-distributed-optimizer", "--ckpt-fully-parallel-load"]),
 }
 
 WORLD_OF_ONE = ("dp2_to_dp1", "dp2_to_dp1_distopt")
@@ -114,6 +123,28 @@ def test_a_wrong_reshard_breaks_the_bound(resumed):
     drift = max(abs(again[s] - straight[s]) / straight[s]
                 for s in range(FIRST + 1, FIRST + MORE + 1))
     assert drift > 10 * BOUND, drift
+
+
+def test_a_dp_reshardable_optimizer_refuses_a_tp_change_in_one_line(tmp_path, capfd):
+    """Megatron-LM's default form of the distributed optimizer cannot be resharded over TP:
+    the resume says so in one line naming both ways out, writes nothing, and the weights-only
+    way out (--no-load-optim) resumes."""
+    run = tmp_path / "run"
+    source = [*COMMON, "--tensor-model-parallel-size", "2", "--use-distributed-optimizer",
+              "--train-iters", "12", "--exit-interval", "6", "--save", str(run)]
+    run_batch([source], nproc=2)
+    before = sorted(p.name for p in run.iterdir())
+    target = [*COMMON, "--use-distributed-optimizer", "--train-iters", "12", "--save", str(run),
+              "--resume", "auto"]
+    capfd.readouterr()
+    assert pretrain_in_process(target) == 2
+    error = capfd.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "DP-reshardable" in error[0], error
+    assert "--tensor-model-parallel-size" in error[0] and "--no-load-optim" in error[0]
+    assert "--dist-ckpt-optim-fully-reshardable" in error[0]
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert pretrain_in_process([*target, "--no-load-optim"]) == 0
+    assert max(train_losses(run)) == 12
 
 
 def test_sigterm_mid_run_saves_that_step_and_exits_zero(tmp_path):

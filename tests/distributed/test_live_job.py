@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from tests.helpers import REPO, TINY, TORCHRUN, pretrain_in_process, train_losses
+from tests.helpers import REPO, TINY, TORCHRUN, pretrain_in_process, read_jsonl, train_losses
 
 LONG = [*TINY, "--tensor-model-parallel-size", "2", "--train-iters", "100",
         "--eval-interval", "1000", "--save-interval", "2", "--keep-last", "2"]
@@ -57,8 +57,11 @@ def test_a_killed_agent_takes_its_workers_and_a_second_launch_is_refused(tmp_pat
         job.wait(timeout=60)
         _wait_for(lambda: not _workers(save), 120, "the orphaned workers to end")
         assert not (save / "job.lock").exists()  # released by the worker that held it
+        exits = [r for r in read_jsonl(save / "metrics.jsonl") if r.get("event") == "exit"]
+        assert exits and exits[-1]["reason"].startswith("SIGTERM"), exits  # saved, not crashed
         reached = max(int(p.name[len("iter_"):]) for p in save.glob("iter_0*")
                       if p.name[len("iter_"):].isdigit())
+        assert exits[-1]["step"] == reached  # the step the workers were in, saved
         time.sleep(2)  # nobody writes into it any more
         assert max(int(p.name[len("iter_"):]) for p in save.glob("iter_0*")
                    if p.name[len("iter_"):].isdigit()) == reached

@@ -1,8 +1,11 @@
 """What a torch_dist checkpoint holds, and how a run goes back into it on any layout.
 
 Sharded (megatron-core reshards them on load): the model (`sharded_state_dict` of every
-chunk) and the optimizer (the distributed optimizer in its fully reshardable form, so TP, PP,
-DP and EP may all change), under Megatron-LM's keys `model` and `optimizer`.
+chunk) and the optimizer, under Megatron-LM's keys `model` and `optimizer`. The distributed
+optimizer is written as Megatron-LM writes it: DP-reshardable by default (each rank its own
+part: a resume may change DP), fully reshardable with --dist-ckpt-optim-fully-reshardable (a
+resume may change TP, PP, DP and EP, at the price of gathering each TP/PP shard's whole state
+at every save and load); the form is recorded, and a load reads the form it finds.
 
 Common (written once, by rank 0: into `common.pt` with megatron-core 0.16, as a
 `common_state` byte item with 0.19): Megatron-LM's `args`, `checkpoint_version`,
@@ -34,11 +37,29 @@ from megatron_gnmr.training.checkpoint import rng_state
 from megatron_gnmr.training.safe_state import from_plain, to_plain
 
 RANK_STATE = "megatron_gnmr/rank_state"
-# Megatron-LM's metadata for a reshardable optimizer: the fully reshardable form, and keys
-# that do not depend on how megatron chains its optimizers (dense and expert ones apart with
-# EP > 1, one optimizer with EP = 1)
-SHARDING = {"distrib_optim_sharding_type": "fully_reshardable",
+DP_RESHARDABLE, FULLY_RESHARDABLE = "dp_reshardable", "fully_reshardable"
+# What a layout change needs of the optimizer's form (DP may change in both)
+RESHARDS_ONLY_FULLY = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                       "expert_model_parallel_size", "use_distributed_optimizer")
+
+
+def optimizer_form(training) -> dict:
+    """Megatron-LM's metadata of the distributed optimizer's checkpoint form, as it writes it
+    (`_build_sharded_state_dict_metadata`): DP-reshardable by default, fully reshardable on
+    request; and keys that do not depend on how megatron chains its optimizers (dense and
+    expert ones apart with EP > 1, one optimizer with EP = 1)."""
+    if not training.dist_ckpt_optim_fully_reshardable:
+        return {"distrib_optim_sharding_type": DP_RESHARDABLE,
+                "chained_optim_avoid_prefix": True}
+    return {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
+            "distrib_optim_fully_reshardable_mem_efficient":
+                training.distrib_optim_fully_reshardable_mem_efficient,
             "chained_optim_avoid_prefix": True}
+
+
+# checkpoints written before the form was a choice hold the fully reshardable one
+EARLIER_FORM = {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
+                "chained_optim_avoid_prefix": True}
 
 
 def layout(config) -> dict:
@@ -80,12 +101,12 @@ def megatron_args(config, step: int, padded_vocab_size: int) -> Namespace:
         ckpt_format="torch_dist", data_parallel_random_init=False)
 
 
-def sharded_state(trainer, is_loading: bool, with_rank_state: bool) -> dict:
-    """The sharded part (model, optimizer, this rank's own state)."""
+def sharded_state(trainer, is_loading: bool, with_rank_state: bool, form: dict) -> dict:
+    """The sharded part (model, optimizer in `form`, this rank's own state)."""
     model = unwrap(trainer.model[0]).sharded_state_dict()  # as Megatron-LM: the bare model
     with zero_adam_state(trainer.optimizer) if is_loading else contextlib.nullcontext():
         optimizer = trainer.optimizer.sharded_state_dict(model, is_loading=is_loading,
-                                                         metadata=SHARDING)
+                                                         metadata=form)
     state = {"model": model, "optimizer": optimizer}
     if with_rank_state:
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -109,6 +130,7 @@ def common_state(trainer, step: int, settings: dict, padded_vocab_size: int,
             "controller": trainer.controller.state_dict(),
             "alarms": monitors["alarms"] if monitors else None,
             "layout": layout(trainer.config),
+            "optimizer_form": optimizer_form(trainer.config.training),
             "settings": settings,
         }),
     }

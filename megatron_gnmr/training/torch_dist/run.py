@@ -81,11 +81,14 @@ def save(trainer, step: int, settings: dict, padded_vocab_size: int,
     staging = files.staging_directory(root, step) if torch.distributed.get_rank() == 0 \
         else Path(root) / f"iter_{step:07d}.tmp"
     torch.distributed.barrier()
+    form = content.optimizer_form(trainer.config.training)
     with trainer.overlap.whole_weights():
-        state = content.sharded_state(trainer, is_loading=False, with_rank_state=True)
+        state = content.sharded_state(trainer, is_loading=False, with_rank_state=True,
+                                      form=form)
         state.update(content.common_state(trainer, step, settings, padded_vocab_size,
                                           flops_per_step))
-        dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy())
+        dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy(),
+                                content_metadata=form)  # read by Megatron-LM's loader
     faults.maybe_kill(step, "save")  # reliability tests: die with the checkpoint half written
     torch.distributed.barrier()
     return files.finish(root, staging, step,
@@ -125,10 +128,22 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
                         f"{now['expert_model_parallel_size']}) reshards the optimizer's expert "
                         "state through the distributed optimizer: use "
                         "--use-distributed-optimizer in both runs (or --no-load-optim)")
-    state = content.sharded_state(trainer, is_loading=True, with_rank_state=same_layout)
+    form = saved.get("optimizer_form") or content.EARLIER_FORM
+    changed = [key for key in content.RESHARDS_ONLY_FULLY if saved["layout"][key] != now[key]]
+    if load_optimizer and changed and saved["layout"]["use_distributed_optimizer"] and \
+            form["distrib_optim_sharding_type"] != content.FULLY_RESHARDABLE:
+        raise UserError(f"--load {directory}: its optimizer was saved DP-reshardable "
+                        f"(Megatron-LM's default), which a change of "
+                        f"{', '.join('--' + k.replace('_', '-') for k in changed)} cannot "
+                        f"reshard; resume once on its layout ({_describe(saved['layout'])}) "
+                        "with --dist-ckpt-optim-fully-reshardable to save a reshardable "
+                        "checkpoint, or add --no-load-optim (weights only, fresh moments)")
+    state = content.sharded_state(trainer, is_loading=True, with_rank_state=same_layout,
+                                  form=form)
     if not load_optimizer:
         del state["optimizer"]
-    loaded = _read_as_data(state, directory, f"--load {directory}")
+    loaded = _read_as_data(state, directory, f"--load {directory}",
+                           trainer.config.training.ckpt_fully_parallel_load)
     unwrap(trainer.model[0]).load_state_dict(loaded["model"])
     if load_optimizer:
         trainer.optimizer.load_state_dict(_reconciled(loaded["optimizer"], state["optimizer"]))
@@ -191,7 +206,26 @@ def _groups(state) -> list[dict]:
     return []
 
 
-def _read_as_data(state: dict, directory: Path, source: str) -> dict:
+def _load_strategy(directory: Path, fully_parallel: bool):
+    """megatron's torch_dist load strategy; fully parallel (Megatron-LM's
+    --ckpt-fully-parallel-load): each data-parallel replica reads a share and they exchange
+    the rest, instead of every rank reading everything it needs."""
+    if not fully_parallel:
+        return None  # megatron's default
+    from megatron.core.dist_checkpointing.serialization import (
+        get_default_load_sharded_strategy,
+    )
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelLoadStrategyWrapper,
+    )
+
+    return FullyParallelLoadStrategyWrapper(
+        get_default_load_sharded_strategy(str(directory)),
+        parallel_state.get_data_parallel_group(with_context_parallel=True))
+
+
+def _read_as_data(state: dict, directory: Path, source: str,
+                  fully_parallel: bool = False) -> dict:
     """Collective: `dist_checkpointing.load` with the index and byte items read as data;
     every failure is one line naming `source`."""
     from torch.distributed.checkpoint.api import CheckpointException
@@ -200,7 +234,8 @@ def _read_as_data(state: dict, directory: Path, source: str) -> dict:
         with open(directory / ".metadata", "rb") as stream:  # here, not inside torch's
             read_index(stream)  # collective, which turns the reason into a string
         with reading_data_only():
-            return dist_checkpointing.load(state, str(directory))
+            return dist_checkpointing.load(state, str(directory),
+                                           _load_strategy(directory, fully_parallel))
     except CheckpointNotData as error:
         raise UserError(f"{source}: {error}; load an older checkpoint") from None
     except (Exception, CheckpointException) as error:  # torch's is a BaseException
