@@ -253,6 +253,10 @@ class TrainingConfig:
     distrib_optim_fully_reshardable_mem_efficient: bool = False
     """With --dist-ckpt-optim-fully-reshardable: gather to data-parallel rank 0 alone (over
     gloo), which writes the optimizer; the other ranks hold nothing extra at a save."""
+    async_save: bool = False
+    """torch_dist: write checkpoints while training goes on (megatron-core's async save: the
+    loop waits for the copy to host only); a checkpoint is published, hashed and complete,
+    once every rank has written it. The last save of a run (its end, a stop) is synchronous."""
     ckpt_fully_parallel_load: bool = False
     """torch_dist: each data-parallel replica reads a share of the checkpoint and they
     exchange the rest (Megatron-LM's flag), instead of every rank reading all it needs."""

@@ -1,9 +1,14 @@
-"""Save and load of the 8 x 512 model at DP 2 (torchrun, 2 processes) in both checkpoint
-formats, side by side in one invocation: bytes written per checkpoint, save and load seconds
-(the `checkpoint` and `resumed` events' timings, which span the whole collective: staging,
-writing, hashing, publishing), and torch_dist's ratio to torch.
+"""Checkpoint save and load at DP 2 (torchrun, 2 processes), side by side in one invocation:
+the torch format, torch_dist written synchronously, and torch_dist with --async-save. Per
+form: bytes per checkpoint, the seconds the training loop stood still for a save (the
+`checkpoint` event's `loop_seconds`: all of the save when synchronous, the snapshot and the
+writer's fork when async), the seconds until it was published (`seconds`), the load's seconds
+(the `resumed` event), and the host memory per rank a save and a load need by
+`estimate-memory`'s count (training/checkpoint_size.py). The save measured is an interval
+save (step 2 of 4), not the run's last, which is always synchronous.
 
-    .venv/bin/python scripts/bench_checkpoint.py [--repeats 3] [--distributed-optimizer]
+    .venv/bin/python scripts/bench_checkpoint.py [--size 8x512|16x1024|24x1536] [--repeats 3]
+        [--distributed-optimizer]
 """
 
 import argparse
@@ -16,10 +21,19 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = ["--num-layers", "8", "--hidden-size", "512", "--ffn-hidden-size", "1408",
-         "--num-attention-heads", "8", "--seq-length", "128", "--micro-batch-size", "2",
-         "--global-batch-size", "4", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "0",
-         "--eval-interval", "1000", "--eval-iters", "1", "--log-interval", "1"]
+SIZES = {  # layers x hidden: the model (fp32 weights, Adam)
+    "8x512": ["--num-layers", "8", "--hidden-size", "512", "--ffn-hidden-size", "1408",
+              "--num-attention-heads", "8"],
+    "16x1024": ["--num-layers", "16", "--hidden-size", "1024", "--ffn-hidden-size", "2816",
+                "--num-attention-heads", "16"],
+    "24x1536": ["--num-layers", "24", "--hidden-size", "1536", "--ffn-hidden-size", "4096",
+                "--num-attention-heads", "16"],
+}
+RUN = ["--seq-length", "128", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr",
+       "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "0", "--eval-interval", "1000",
+       "--eval-iters", "1", "--log-interval", "1"]
+FORMS = {"torch": ["--ckpt-format", "torch"], "torch_dist": ["--ckpt-format", "torch_dist"],
+         "torch_dist async": ["--ckpt-format", "torch_dist", "--async-save"]}
 
 
 def _launch(args: list[str]) -> None:
@@ -37,40 +51,54 @@ def _events(run: Path, name: str) -> list[dict]:
     return [r for r in records if r.get("event") == name]
 
 
-def measure(form: str, root: Path, extra: list[str]) -> dict:
-    """One save (step 2) and one load (the resume to step 3)."""
-    run = root / form
-    common = [*MODEL, *extra, "--ckpt-format", form, "--save", str(run)]
-    _launch([*common, "--train-iters", "3", "--exit-interval", "2", "--save-interval", "2"])
-    _launch([*common, "--train-iters", "3", "--resume", "auto", "--save-interval", "100"])
+def measure(form: str, root: Path, model: list[str]) -> dict:
+    """The save of step 2 (of 4) and a load (the resume from step 4 to 5)."""
+    run = root / form.replace(" ", "_")
+    common = [*model, *FORMS[form], "--save", str(run)]
+    _launch([*common, "--train-iters", "4", "--save-interval", "2"])
+    _launch([*common, "--train-iters", "5", "--resume", "auto", "--save-interval", "100"])
     saved = _events(run, "checkpoint")[0]
-    return {"bytes": saved["bytes"], "save_s": saved["seconds"],
-            "load_s": _events(run, "resumed")[-1]["seconds"]}
+    return {"bytes": saved["bytes"], "loop_s": saved.get("loop_seconds", saved["seconds"]),
+            "published_s": saved["seconds"], "load_s": _events(run, "resumed")[-1]["seconds"]}
+
+
+def host_bytes(model: list[str]) -> dict:
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.training.checkpoint_size import host_bytes_per_rank
+
+    return host_bytes_per_rank(parse_config([*model, "--ckpt-format", "torch_dist"]), 2)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="8x512")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--distributed-optimizer", action="store_true")
     args = parser.parse_args()
-    extra = ["--use-distributed-optimizer"] if args.distributed_optimizer else []
-    samples = {"torch": [], "torch_dist": []}
+    model = [*SIZES[args.size], *RUN,
+             *(["--use-distributed-optimizer"] if args.distributed_optimizer else [])]
+    samples = {form: [] for form in FORMS}
     with tempfile.TemporaryDirectory() as scratch:
-        for repeat in range(args.repeats):  # interleaved: both formats see the same machine
+        for repeat in range(args.repeats):  # interleaved: every form sees the same machine
             for form in samples:
-                samples[form].append(measure(form, Path(scratch) / f"r{repeat}", extra))
+                print(f"bench_checkpoint: repeat {repeat + 1}/{args.repeats}, {form}",
+                      file=sys.stderr)
+                samples[form].append(measure(form, Path(scratch) / f"r{repeat}", model))
     median = {form: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
               for form, runs in samples.items()}
-    print(f"8 x 512 LLaMA (fp32 weights, Adam), DP 2"
-          f"{' + distributed optimizer' if extra else ''}; medians of {args.repeats}")
-    print("| format | bytes per checkpoint | save | load |")
-    print("|---|---|---|---|")
+    host = host_bytes(model)
+    print(f"{args.size} LLaMA (fp32 weights, Adam), DP 2"
+          f"{' + distributed optimizer' if args.distributed_optimizer else ''}; medians of "
+          f"{args.repeats}; torch_dist host memory per rank (estimate): save "
+          f"{host['save'] / 2**20:.0f} MiB, load {host['load'] / 2**20:.0f} MiB")
+    print("| form | bytes per checkpoint | loop stood still | until published | load |")
+    print("|---|---|---|---|---|")
     for form, m in median.items():
-        print(f"| {form} | {m['bytes'] / 2**20:.1f} MiB | {m['save_s']:.2f} s | "
-              f"{m['load_s']:.2f} s |")
-    t, d = median["torch"], median["torch_dist"]
-    print(f"| torch_dist / torch | {d['bytes'] / t['bytes']:.2f} | "
-          f"{d['save_s'] / t['save_s']:.2f} | {d['load_s'] / t['load_s']:.2f} |")
+        print(f"| {form} | {m['bytes'] / 2**20:.1f} MiB | {m['loop_s']:.2f} s | "
+              f"{m['published_s']:.2f} s | {m['load_s']:.2f} s |")
+    sync, other = median["torch_dist"], median["torch_dist async"]
+    print(f"| async / sync (torch_dist) | | {other['loop_s'] / sync['loop_s']:.2f} | "
+          f"{other['published_s'] / sync['published_s']:.2f} | |")
 
 
 if __name__ == "__main__":

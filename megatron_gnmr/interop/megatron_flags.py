@@ -223,10 +223,10 @@ RULES: dict[str, Rule] = {
                                                             "gathered to DP rank 0 alone"),
     "--ckpt-fully-parallel-load": same("each data-parallel replica reads a share and they "
                                        "exchange the rest"),
-    "--async-save": refused("checkpoints are written synchronously: megatron-core's async save "
-                            "(a writer finishing during the next steps) is not part of the "
-                            "complete-or-invisible publish here; drop it (a save of the 8 x 512 "
-                            "model at DP 2 takes 6.8 s on CPU: scripts/bench_checkpoint.py)"),
+    "--async-save": same("megatron-core's async save (a forked writer per save; published, "
+                         "hashed and complete, once every rank has written)"),
+    "--use-persistent-ckpt-worker": nothing("--async-save forks a writer per save (the "
+                                            "persistent worker is CUDA-only)"),
 }
 
 

@@ -375,12 +375,14 @@ class Trainer:
                 self.logger.event(step, "diverged", {"stopping": True})
                 summary["diverged_at"] = step
                 should_exit = True
-            if self.run_dir and ((t.save_interval and step % t.save_interval == 0)
-                                 or step == t.train_iters or should_exit):
-                self.checkpoints.save(step)
+            last = step == t.train_iters or should_exit
+            if self.run_dir and ((t.save_interval and step % t.save_interval == 0) or last):
+                self.checkpoints.save(step, last=last)
+            self.checkpoints.poll()
             self.faults.maybe_kill(step)
             if should_exit:
                 break
+        self.checkpoints.wait()
         summary.update({"steps": self.state.step, "final_train_loss": self.state.last_loss,
                         "unigram_entropy": self.data.unigram_entropy,
                         **self.controller.summary()})

@@ -45,6 +45,11 @@ def load_model_state(chunk: torch.nn.Module, state: dict) -> None:
 class RunCheckpoints:
     def __init__(self, trainer):
         self.trainer = trainer
+        self.async_saves = None
+        if trainer.config.training.async_save:
+            from megatron_gnmr.training.torch_dist.async_save import AsyncSaves
+
+            self.async_saves = AsyncSaves()
 
     def settings(self) -> dict:
         trainer = self.trainer
@@ -61,25 +66,46 @@ class RunCheckpoints:
         config = self.trainer.config
         return config.training.finetune and config.lora.enabled
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, last: bool = False) -> None:
+        """Collective: this step's checkpoint. With --async-save, written while training goes
+        on unless it is the run's `last` (a stop, the end); published at a later `poll`."""
         trainer = self.trainer
         if not math.isfinite(trainer.state.last_loss):  # never a checkpoint of a non-finite step
             trainer.logger.event(step, "checkpoint_skipped", {"reason": "non-finite loss"})
             return
+        self.wait()  # never two in flight
         started = time.perf_counter()
-        path = self._write(step)  # complete on every rank when this returns
-        seconds = round(time.perf_counter() - started, 3)
+        asynchronous = None if last else self.async_saves
+        path = self._write(step, asynchronous, lambda path: self._log(step, path, started,
+                                                                     blocked))
+        blocked = round(time.perf_counter() - started, 3)  # what the loop lost
+        if path is not None:  # complete on every rank when _write returns
+            self._log(step, path, started, blocked)
+
+    def _log(self, step: int, path: Path, started: float, blocked: float) -> None:
         if is_logging_rank():
-            trainer.logger.event(step, "checkpoint", {
-                "path": str(path), "seconds": seconds,
+            self.trainer.logger.event(step, "checkpoint", {
+                "path": str(path), "seconds": round(time.perf_counter() - started, 3),
+                "loop_seconds": blocked,
                 "bytes": sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())})
 
-    def _write(self, step: int) -> Path:
+    def poll(self) -> None:
+        """Collective, once per step: publish an async save that has finished writing."""
+        if self.async_saves is not None:
+            self.async_saves.poll()
+
+    def wait(self) -> None:
+        """Collective: until an async save in flight is published."""
+        if self.async_saves is not None:
+            self.async_saves.wait()
+
+    def _write(self, step: int, asynchronous=None, published=None) -> Path | None:
         trainer = self.trainer
         trainer.controller.verify_agreement(step)
         if trainer.config.training.ckpt_format == "torch_dist":
             return dist_run.save(trainer, step, self.settings(), trainer.padded_vocab_size,
-                                 trainer.flops_per_step, trainer.faults)
+                                 trainer.flops_per_step, trainer.faults, asynchronous,
+                                 published)
         state_of = adapter_state if self.adapters_only else model_state
         with trainer.overlap.whole_weights():
             models = [state_of(chunk) for chunk in trainer.model]
@@ -109,7 +135,7 @@ class RunCheckpoints:
             return f"the last checkpoint is of step {trainer.state.step}, in {trainer.run_dir}"
         if trainer.state.step == 0:
             return "no step was completed, nothing to save"
-        self.save(trainer.state.step)
+        self.save(trainer.state.step, last=True)
         return f"saved the last good state (step {trainer.state.step}) in {trainer.run_dir}"
 
     def load(self, source: str) -> Choice:

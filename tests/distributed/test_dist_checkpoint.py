@@ -100,13 +100,27 @@ def test_a_resume_on_another_layout_continues_the_run(resumed, case):
 
 
 def test_a_same_layout_resume_is_bit_for_bit(tmp_path):
+    """TP 2 with the distributed optimizer (DP-reshardable, the default form), stopped at step
+    6 and resumed: the uninterrupted run's losses and norms, bit for bit. The stopped run
+    saves asynchronously (--async-save: written while training goes on), which changes
+    nothing of the training and publishes complete checkpoints."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     tp2 = [*COMMON, "--tensor-model-parallel-size", "2", "--use-distributed-optimizer",
            "--train-iters", "12"]
     run_batch([[*tp2, "--save", str(straight)],
-               [*tp2, "--exit-interval", "6", "--save", str(stopped)]], nproc=2)
-    run_batch([[*tp2, "--resume", "auto", "--save", str(stopped)]], nproc=2)
+               [*tp2, "--exit-interval", "6", "--async-save", "--save", str(stopped)]],
+              nproc=2)
+    saved = [r for r in read_jsonl(stopped / "metrics.jsonl") if r.get("event") == "checkpoint"]
+    assert [r["step"] for r in saved] == [5, 6] and saved[0]["loop_seconds"] < \
+        saved[0]["seconds"]  # step 5's was written while step 6 trained
+    # step 5's state as the writer forked it, although step 6 trained while it wrote
+    from_5 = tmp_path / "from_5"
+    run_batch([[*tp2, "--load", str(stopped), "--ckpt-step", "5", "--save", str(from_5)],
+               [*tp2, "--resume", "auto", "--async-save", "--save", str(stopped)]], nproc=2)
     assert train_losses(stopped) == train_losses(straight)
+    again = train_losses(from_5)
+    assert min(again) == 6 and again == {s: v for s, v in train_losses(straight).items()
+                                         if s > 5}
     trace = [r for r in read_jsonl(stopped / "gnmr_trace.jsonl") if "norms" in r]
     assert [r["norms"] for r in trace] == \
         [r["norms"] for r in read_jsonl(straight / "gnmr_trace.jsonl") if "norms" in r]
@@ -190,10 +204,15 @@ def _workers(launcher: int) -> list[int]:
             if "pretrain_llama.py" in open(f"/proc/{pid}/cmdline").read()]
 
 
-def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path):
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path, how):
+    """A rank killed while step 4's checkpoint is being written (synchronously, or by the
+    async writer while training goes on): step 2's stays the published one, step 4's is
+    never visible, and the resume continues from 2."""
     run = tmp_path / "run"
     args = [*COMMON, "--tensor-model-parallel-size", "2", "--train-iters", "12",
-            "--save-interval", "2", "--save", str(run)]
+            "--save-interval", "2", "--save", str(run),
+            *(["--async-save"] if how == "async" else [])]
     result = run_pretrain(args, nproc=2, check=False,
                           extra_env={"GNMR_TEST_SIGKILL": "4:1:save"})
     assert result.returncode != 0

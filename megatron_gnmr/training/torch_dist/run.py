@@ -74,26 +74,38 @@ def _start_writer_results_queue() -> None:
 
 
 def save(trainer, step: int, settings: dict, padded_vocab_size: int,
-         flops_per_step: float, faults) -> Path:
-    """Collective: this step's checkpoint in `--save`, published when complete."""
+         flops_per_step: float, faults, asynchronous=None, published=None) -> Path | None:
+    """Collective: this step's checkpoint in `--save`, published when complete. With
+    `asynchronous` (an `async_save.AsyncSaves`): written by a forked writer while training
+    goes on, published later (`published(path)` then, on every rank); returns None."""
     _start_writer_results_queue()
     root = trainer.run_dir
     staging = files.staging_directory(root, step) if torch.distributed.get_rank() == 0 \
         else Path(root) / f"iter_{step:07d}.tmp"
     torch.distributed.barrier()
     form = content.optimizer_form(trainer.config.training)
+
+    def publish() -> Path:
+        return files.finish(root, staging, step,
+                            {"settings": settings, "layout": content.layout(trainer.config)},
+                            trainer.config.training.keep_last)
+
     with trainer.overlap.whole_weights():
         state = content.sharded_state(trainer, is_loading=False, with_rank_state=True,
                                       form=form)
         state.update(content.common_state(trainer, step, settings, padded_vocab_size,
                                           flops_per_step))
-        dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy(),
-                                content_metadata=form)  # read by Megatron-LM's loader
+        written = dist_checkpointing.save(
+            state, str(staging), sharded_strategy=_save_strategy(),
+            content_metadata=form,  # read by Megatron-LM's loader
+            **(asynchronous.save_arguments() if asynchronous is not None else {}))
+        if asynchronous is not None:  # the writer forks from the weights as they are now
+            asynchronous.schedule(written, lambda: published(publish()))
     faults.maybe_kill(step, "save")  # reliability tests: die with the checkpoint half written
+    if asynchronous is not None:
+        return None
     torch.distributed.barrier()
-    return files.finish(root, staging, step,
-                        {"settings": settings, "layout": content.layout(trainer.config)},
-                        trainer.config.training.keep_last)
+    return publish()
 
 
 def read_saved(directory: Path) -> dict:
