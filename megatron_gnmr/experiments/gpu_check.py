@@ -6,7 +6,9 @@ tolerance of BF16's); throughput (tokens/s and the ratio to BF16) measured in th
 and, for each switchable FP8 backend, whether a unit on the recovery path computes bitwise
 what its BF16 layer computes (forward output) while FP8 is on, and differs when it is not
 recovered. Backends that are not installed are named with the reason, and the check still
-runs BF16 and the emulated recipe on CUDA.
+runs BF16 and the emulated recipe on CUDA. Then the checkpoint rows (gpu_check_resume.py): an
+async save resumed on the same layout follows the uninterrupted run, and a checkpoint resumed on
+another layout (TP 2 over two GPUs, else a CPU process) continues it.
 
     bash scripts/gpu_check.sh [--steps 50] [--out gpu_check.md]
     .venv/bin/python -m megatron_gnmr.experiments.gpu_check --smoke    # CPU: the script itself
@@ -163,6 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {name} | {loss:.4f} | {loss - reference_loss:+.4f} | "
                      f"{'yes' if within else 'NO'} | {tokens / seconds:,.0f} | "
                      f"x{reference_time / seconds:.2f} | {switch[0]} | {switch[1]} |")
+    import torch
+
+    from megatron_gnmr.experiments import gpu_check_resume
+
+    small = [*SMOKE_MODEL, *([] if args.smoke else ["--bf16"])]
+    checks = gpu_check_resume.rows(small, 6 if args.smoke else 20, not args.smoke,
+                                   torch.cuda.device_count() if not args.smoke else 0)
+    lines += ["", "| checkpoint check | detail | ok |", "|---|---|---|"]
+    lines += [f"| {name} | {detail} | {'yes' if good else 'NO'} |"
+              for name, detail, good in checks]
+    ok &= all(good for _, _, good in checks)
     lines += [""] + [f"not run: {line}" for line in missing]
     lines.append(f"verdict: {'OK' if ok else 'NOT OK'}")
     table = "\n".join(lines)
