@@ -84,7 +84,8 @@ class GradStats:
         self.params = [p for p in self.all_params if param_is_not_tensor_parallel_duplicate(p)
                        and (first_ep_rank or _is_expert_parameter(p))]
         slots = [unit_of.get(id(p), self.num_units) for p in self.params]
-        self.slots = torch.tensor(slots, dtype=torch.long)
+        # on the device once, not copied there at every step
+        self.slots = torch.tensor(slots, dtype=torch.long, device=run_device())
 
     @torch.no_grad()
     def compute(self, loss_scale: float = 1.0, optimizer=None) -> StepGradStats:
@@ -94,7 +95,7 @@ class GradStats:
         if grads:
             norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g
                                          for g in grads])
-            squared.index_add_(0, self.slots.to(squared.device), torch.stack(norms).square())
+            squared.index_add_(0, self.slots, torch.stack(norms).square())
         parts = [squared.double()]
         if self.attention_sums is not None:
             parts.append(self.attention_sums.take().to(squared.device))

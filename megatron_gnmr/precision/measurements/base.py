@@ -40,6 +40,11 @@ class Slots:
     def add(self, slot: int, amount: torch.Tensor) -> None:
         self.row[slot] += amount.double()
 
+    def add_count(self, slot: int, count: int) -> None:
+        """A number known on the host (an element count): added as a scalar argument of the
+        device op, where a tensor made of it would be one host-to-device copy per call."""
+        self.row[slot] += count
+
     def add_relative_error(self, pair: int, value: torch.Tensor,
                            reference: torch.Tensor) -> None:
         """Slots 2*pair, 2*pair+1 += ||value - reference||^2, ||reference||^2, each in one

@@ -42,7 +42,7 @@ class FP8Underflow(Measurement):
             where = 3 * OPERANDS.index(name)
             slots.add(where, torch.count_nonzero((exact != 0) & (low == 0)))
             slots.add(where + 1, torch.dist(low, exact).square())
-            slots.add(where + 2, torch.tensor(float(exact.numel()), device=exact.device))
+            slots.add_count(where + 2, exact.numel())  # a number: no copy to the device
 
     def per_operand(self, sums: np.ndarray) -> np.ndarray:
         """[units, operands, (underflowed, squared error, elements)]."""
