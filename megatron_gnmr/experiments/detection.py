@@ -34,7 +34,14 @@ from tqdm import tqdm
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.experiments import detection_traces
 from megatron_gnmr.experiments.closed_loop_statistics import harm_margin
-from megatron_gnmr.experiments.detectors import FAMILIES, Alarm, Setting, first_alarm, settings
+from megatron_gnmr.experiments.detectors import (
+    FAMILIES,
+    Alarm,
+    Setting,
+    first_alarm,
+    settings,
+    spend,
+)
 from megatron_gnmr.experiments.run_summaries import add_location_arguments, locations
 
 TWIN, HEALTHY = "twin", "healthy"
@@ -130,11 +137,13 @@ def evaluate(setting: Setting, cases: list[SeedCase]) -> Row:
 def choose(rows: list[Row], family: str | None = None) -> Row | None:
     """The setting the held-out round runs (of `family`, or of any): no healthy run fired;
     then the most dying twins alarmed early on the right layer; then the longest median lead
-    over the onset; then the most dying twins alarmed before death. For TE's rule, its best
-    thresholds by the same measure (the lowest that never fire on a healthy run)."""
+    over the onset; then the most dying twins alarmed before death; then the highest
+    threshold. For TE's rule, its best thresholds by the same measure."""
     quiet = [r for r in rows if r.healthy_fired == 0 and (family is None or r.family == family)]
-    return max(quiet, key=lambda r: (r.early_and_right, r.lead_over_onset or 0.0,
-                                     r.before_death), default=None)
+    # among settings equal on all three, the last of its family's grid: the highest
+    # threshold, the furthest from firing on a healthy run
+    return max(reversed(quiet), key=lambda r: (r.early_and_right, r.lead_over_onset or 0.0,
+                                               r.before_death), default=None)
 
 
 def load_cases(traces: Path, seeds: list[int] | None) -> tuple[list[SeedCase], float]:
@@ -187,12 +196,15 @@ def run(args: argparse.Namespace) -> dict:
     rows = [evaluate(setting, cases)
             for setting in tqdm(settings(args.families), desc="detectors", unit="setting")]
     chosen, rival = choose(rows), choose(rows, "te-unit")
+    budget = None if chosen is None else statistics.fmean(
+        spend(c.twin.trace, Setting(chosen.family, chosen.value)) for c in cases if c.died)
     result = {"seeds": [c.seed for c in cases], "harm_margin": margin,
               "cases": {c.seed: {"fault_layers": c.twin.fault_layers,
                                  "died_at": c.twin.diverged_at, "onset": c.onset,
                                  "cpu": c.twin.provenance.get("cpu")} for c in cases},
               "rows": [asdict(r) for r in rows],
               "chosen": chosen.label if chosen else None,
+              "chosen_spend_on_dying": budget,
               "te_tuned": rival.label if rival else None}
     suffix = "" if args.seeds is None else "-" + "-".join(map(str, args.seeds))
     (summaries / f"detection{suffix}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -37,8 +37,12 @@ def table(result: dict, rows) -> str:
             f"{r.right_layer}/{r.dying} | {_number(r.lead_over_onset)} | "
             f"{_number(r.lead_over_death)} | {r.healthy_fired}/{r.healthy} | "
             f"{_number(r.first_false_alarm)} | {r.lived_fired}/{r.lived} |")
+    spent = result.get("chosen_spend_on_dying")
     lines += ["", f"Chosen (no healthy run fired; most early and right; then longest lead): "
-              f"**{result['chosen']}**. Transformer Engine's rule at its tuned thresholds "
+              f"**{result['chosen']}**"
+              + (f", spending {spent:.1%} of the core attentions' unit-steps on the dying "
+                 "twins (replayed)" if spent is not None else "")
+              + ". Transformer Engine's rule at its tuned thresholds "
               f"(underflow %/MSE; its best that fires on no healthy run): "
               f"**{result['te_tuned']}**."]
     return "\n".join(lines) + "\n"
@@ -57,11 +61,19 @@ def plot(rows, path: Path) -> None:
             continue
         fired = [r.healthy_fired / r.healthy for r in mine]
         early = [r.early_and_right / r.dying if r.dying else 0.0 for r in mine]
-        line, = left.plot(fired, early, "o-", label=f"{family.name}: {family.text}", alpha=0.8)
+        points = left.scatter(fired, early, alpha=0.6, label=f"{family.name}: {family.text}")
+        color = points.get_facecolor()[0]
+        # the family's frontier: the most it names early for each share of healthy runs
+        front, best = [], -1.0
+        for x, y in sorted(zip(fired, early), key=lambda p: (p[0], -p[1])):
+            if y > best:
+                front.append((x, y))
+                best = y
+        left.plot(*zip(*front), "-", color=color, alpha=0.8)
         leads = [(f, r.lead_over_death) for f, r in zip(fired, mine)
                  if r.lead_over_death is not None]
         if leads:
-            right.plot(*zip(*leads), "o-", color=line.get_color(), alpha=0.8)
+            right.scatter(*zip(*leads), color=color, alpha=0.6)
     left.set(xlabel="healthy runs fired on (share)",
              ylabel="dying twins named early, right layer (share)",
              title="early and specific, as each threshold moves", xlim=(-0.05, 1.05),

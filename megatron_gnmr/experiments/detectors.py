@@ -120,6 +120,15 @@ class Alarm:
     units: tuple[int, ...]
 
 
+def spend(trace: Trace, setting: Setting) -> float:
+    """The share of the core attentions' unit-steps the detector would run exact over the
+    trace (the decision of step s runs in step s + 1): exact up to its first action, after it
+    an estimate (the trace is the twin's, not the controlled run's)."""
+    config, signal = setting.controller(len(trace.units))
+    recovered = sum(len(d.recovery) for d in list(Decisions(trace, config, signal))[:-1])
+    return recovered / (len(trace.steps) * len(trace.units))
+
+
 def first_alarm(trace: Trace, setting: Setting) -> Alarm | None:
     """The first decision with a recovery, or None if the detector never acts on the trace."""
     config, signal = setting.controller(len(trace.units))
