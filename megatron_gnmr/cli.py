@@ -1,7 +1,7 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
-compare-alarms, compare-signals, compare-closed-loop, compare-detectors, compare-frontier,
-estimate-memory, calibrate, evaluate, merge-lora, dashboard, megatron-flags, export-hf,
-import-hf)."""
+compare-alarms, compare-signals, compare-closed-loop, compare-detectors, compare-held-out,
+compare-frontier, estimate-memory, calibrate, evaluate, merge-lora, dashboard, megatron-flags,
+export-hf, import-hf)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,8 @@ import sys
 from megatron_gnmr.errors import exits_cleanly_on_user_error
 
 
-@exits_cleanly_on_user_error
-def main(argv: list[str] | None = None) -> None:
-    from megatron_gnmr.platform import quiet_known_warnings
-
-    quiet_known_warnings()
+def build_parser():
+    """The command-line parser with every subcommand (a subparser each, named as typed)."""
     from megatron_gnmr.arguments import OneLineErrorParser
     from megatron_gnmr.controller import replay
     from megatron_gnmr import estimate
@@ -26,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
         closed_loop,
         detection,
         frontier,
+        held_out,
         runner,
         signal_comparison,
     )
@@ -47,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         ("compare-signals", signal_comparison, "the equal-budget table of risk signals"),
         ("compare-closed-loop", closed_loop, "did the controller save the runs that die?"),
         ("compare-detectors", detection, "which alarm is early and specific, from traces"),
+        ("compare-held-out", held_out, "the detection study's held-out round, judged once"),
         ("compare-frontier", frontier, "which units to keep high: the budget-quality "
                                        "frontier"),
         ("dashboard", dashboard, "the W&B workspace for a run's keys (or its offline spec)"),
@@ -61,6 +60,23 @@ def main(argv: list[str] | None = None) -> None:
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
+    return parser
+
+
+def subcommands(parser) -> dict:
+    """name -> its subparser."""
+    import argparse
+
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@exits_cleanly_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    from megatron_gnmr.platform import quiet_known_warnings
+
+    quiet_known_warnings()
+    parser = build_parser()
     # estimate-memory passes every flag it does not know on to pretrain's parser
     args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if hasattr(args, "flags"):

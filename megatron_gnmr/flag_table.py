@@ -1,5 +1,5 @@
 """`megatron-gnmr megatron-flags`: the Megatron-LM flag table, as markdown (every flag with
-`--all`; the README holds the named ones), or the class of the flags given."""
+`--all`; docs/guide/from-megatron-lm.md holds the named ones), or the class of the flags given."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 # side by side for 50 steps (loss within tolerance of BF16); tokens/s and the ratio to BF16;
 # recovered units bitwise equal to their BF16 layer. Prints one table (and writes it with
 # --out FILE); exit 0 when every row is OK. Backends that are not installed are named.
-# On an air-gapped machine: WHEELHOUSE=DIR bash scripts/gpu_check.sh (README, "On an
+# On an air-gapped machine: WHEELHOUSE=DIR bash scripts/gpu_check.sh (docs/guide/clusters.md, "On an
 # air-gapped cluster"): setup and prepare-data then read everything from the wheelhouse.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 """A run's held-out perplexity two ways: `megatron-gnmr evaluate`'s, and transformers' on the
-same samples of the run exported with `export-hf` (float32). The README's table comes from
-this script.
+same samples of the run exported with `export-hf` (float32). The table in
+docs/guide/hugging-face.md comes from this script.
 
     .venv/bin/python scripts/hf_perplexity.py RUN_DIR [--sequences 64] [--keep HF_DIR]
 

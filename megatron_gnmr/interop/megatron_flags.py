@@ -12,7 +12,7 @@ and nowhere else:
   refused flag of a command line is reported in one line, before anything starts.
 
 A Megatron-LM flag is never "unrecognized", and never accepted and ignored. `megatron-gnmr
-megatron-flags` prints the table (the README's is the explicit part of it).
+megatron-flags` prints the table (docs/guide/from-megatron-lm.md holds the explicit part of it).
 """
 
 from __future__ import annotations

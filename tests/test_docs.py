@@ -1,0 +1,147 @@
+"""The README and docs/guide cannot rot: every `megatron-gnmr` subcommand they name exists,
+every flag they name is one the code knows (a command line's flags, the parser of the command
+they are given to), every relative link resolves, and every command block marked as runnable
+on the CPU (a fence ```bash cpu) runs here. Blocks fenced ```bash gpu are named GPU-only (their
+names and flags are still checked); the others run on a CPU but take longer than a test
+should (a training run), and their parts are exercised by the suite's own runs.
+
+Each check is shown failing on a planted defect: a dead link and a misspelled flag."""
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs" / "guide").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)[ \t]*(\w*)\n(.*?)^```", re.M | re.S)
+INLINE = re.compile(r"`([^`\n]+)`")
+# a flag, not a family of them (`--lr-decay-*`)
+FLAG = re.compile(r"(?<![\w-])(--[a-zA-Z][a-zA-Z0-9_-]*[a-zA-Z0-9])(?![\w*-])")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+# flags of the tools the pages show around ours (torchrun, Slurm, pip, wandb, pytest, python)
+OTHER_TOOLS = {"--nproc_per_node", "--nnodes", "--standalone", "--max-restarts", "--rdzv_backend",
+               "--rdzv_endpoint", "--rdzv_id", "--node_rank", "--master_addr", "--master_port",
+               "--nodes", "--signal", "--requeue", "--overlap", "--ntasks-per-node",
+               "--gpus-per-node",
+               "--kill-on-bad-exit", "--time", "--gres", "--no-index", "--find-links",
+               "--system-site-packages", "--dist", "--durations", "--summary", "--fast",
+               "--entity", "--project", "--from-spec", "--offline", "--help",
+               "--ignore-requires-python", "--no-deps", "-m"}
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    """megatron-gnmr's own parsers, by subcommand name."""
+    from megatron_gnmr.cli import build_parser, subcommands
+
+    return subcommands(build_parser())
+
+
+def _flags_of(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+def _pretrain_flags() -> set[str]:
+    from megatron_gnmr.arguments import build_parser
+    from megatron_gnmr.interop.megatron_flags import inventory
+
+    return _flags_of(build_parser()) | set(inventory())
+
+
+def _script_flags() -> set[str]:
+    """Flags our scripts declare (scripts/*.py, the reproduce scripts' pass-through)."""
+    found = set()
+    for path in (REPO / "scripts").rglob("*.py"):
+        found |= set(re.findall(r"add_argument\(\s*\"(--[a-z0-9-]+)\"", path.read_text()))
+    return found
+
+
+def known_flags() -> set[str]:
+    flags = _pretrain_flags() | _script_flags() | OTHER_TOOLS
+    for parser in _subcommands().values():
+        flags |= _flags_of(parser)
+    return flags
+
+
+def _commands(block: str) -> list[str]:
+    """A shell block's commands, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", block)
+    return [line.split(" #")[0].strip() for line in joined.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def problems(text: str, page: Path) -> list[str]:
+    """Everything on one page that names what does not exist."""
+    parsers, known, pretrain = _subcommands(), known_flags(), _pretrain_flags()
+    out = []
+    code = [m.group(3) for m in FENCE.finditer(text)] + INLINE.findall(text)
+    for snippet in code:
+        for command in _commands(snippet):
+            for name in re.findall(r"megatron-gnmr\s+([a-z][a-z-]*)", command):
+                if name not in parsers:
+                    out.append(f"{page.name}: no subcommand `megatron-gnmr {name}`")
+            sub = re.search(r"megatron-gnmr\s+([a-z][a-z-]*)(.*)", command)
+            if sub and sub.group(1) in parsers:
+                # estimate-memory passes pretrain's flags on; megatron-flags classifies them
+                allowed = _flags_of(parsers[sub.group(1)]) | (
+                    pretrain if sub.group(1) in ("estimate-memory", "megatron-flags") else set())
+                out += [f"{page.name}: `megatron-gnmr {sub.group(1)}` has no flag {flag}"
+                        for flag in FLAG.findall(sub.group(2).split("|")[0])
+                        if flag not in allowed and flag not in OTHER_TOOLS]
+            elif "pretrain_llama.py" in command:
+                tail = command.split("pretrain_llama.py", 1)[1]
+                out += [f"{page.name}: pretrain_llama.py has no flag {flag}"
+                        for flag in FLAG.findall(tail) if flag not in pretrain]
+    for flag in set(FLAG.findall(" ".join(code))):
+        if flag not in known:
+            out.append(f"{page.name}: no flag {flag} anywhere")
+    for target in LINK.findall(text):
+        if "://" not in target and not (page.parent / target).exists():
+            out.append(f"{page.name}: dead link {target}")
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_name_flag_and_link_exists(page):
+    assert problems(page.read_text(), page) == []
+
+
+def test_the_guide_is_linked_and_every_page_starts_with_a_command():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    for page in PAGES[1:]:
+        if page.name != "README.md":
+            assert f"docs/guide/{page.name}" in readme, page.name
+            first = next(m for m in FENCE.finditer(page.read_text()))
+            before = page.read_text()[:first.start()]
+            assert before.count("\n\n") <= 1, f"{page.name} does not start with its command"
+
+
+def test_a_dead_link_and_a_misspelled_flag_are_found():
+    page = REPO / "docs" / "guide" / "controller.md"
+    text = page.read_text()
+    planted = text.replace("--gnmr-max-o 2", "--gnmr-max-0 2", 1) + \
+        "\n[gone](no_such_page.md)\n"
+    found = problems(planted, page)
+    assert f"{page.name}: pretrain_llama.py has no flag --gnmr-max-0" in found
+    assert f"{page.name}: dead link no_such_page.md" in found
+    assert problems(text.replace("megatron-gnmr replay", "megatron-gnmr replya", 1), page) \
+        and "no subcommand `megatron-gnmr replya`" in " ".join(
+            problems(text.replace("megatron-gnmr replay", "megatron-gnmr replya", 1), page))
+
+
+def _cpu_blocks():
+    return [(page, m.group(3)) for page in PAGES for m in FENCE.finditer(page.read_text())
+            if m.group(1) == "bash" and m.group(2) == "cpu"]
+
+
+@pytest.mark.parametrize("page,block", _cpu_blocks(),
+                         ids=[f"{p.name}-{i}" for i, (p, _) in enumerate(_cpu_blocks())])
+def test_a_cpu_block_runs(page, block):
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{page.name}:\n{block}\n{result.stderr[-2000:]}"
