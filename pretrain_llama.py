@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     end_with_the_agent()
     distributed.initialize(config)
-    lock = RunLock(config.training.save) if config.training.save and \
+    lock = RunLock(config.checkpoint.save) if config.checkpoint.save and \
         distributed.is_logging_rank() else None
     on_every_rank(lambda: lock.acquire() if lock else None)  # before anything is written
     if lock is not None and lock.taken_over:
@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             summary = trainer.run()
         except RunAborted as error:  # stopped on purpose: torchrun must not train into it
-            if config.training.save and distributed.is_logging_rank() and \
+            if config.checkpoint.save and distributed.is_logging_rank() and \
                     not isinstance(error, run_directory.StoppedBefore):
-                run_directory.mark_stopped(config.training.save, error, trainer.state.step)
+                run_directory.mark_stopped(config.checkpoint.save, error, trainer.state.step)
             raise
         finally:
             trainer.close()
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> dict:
             lock.release()
     # a run stopped by a signal or its time limit is not finished: no summary.json, so
     # whatever waits for one (reproduce, a job script) resumes it
-    if config.training.save and distributed.is_logging_rank() and "exit" not in summary:
-        path = Path(config.training.save) / "summary.json"
+    if config.checkpoint.save and distributed.is_logging_rank() and "exit" not in summary:
+        path = Path(config.checkpoint.save) / "summary.json"
         path.write_text(json.dumps({"config": config.to_dict(), **summary}, indent=2,
                                    default=str))
     distributed.shutdown()

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import sys
 import typing
 from pathlib import Path
 
 import yaml
 
-from megatron_gnmr.config import SECTIONS, RunConfig, flag_name
+from megatron_gnmr.config import SECTIONS, RunConfig, flag_name, moved_section
 from megatron_gnmr.errors import UserError
 
 
@@ -136,18 +137,22 @@ def _load_yaml(path: str) -> dict[str, dict]:
             )
         if not isinstance(entries, dict):
             raise UserError(f"{path}: section {section!r} must be a mapping")
-        known = {f.name: (f, kind) for f, kind, _ in _fields(section)}
         for name, value in entries.items():
+            section_now = moved_section(section, name)
+            if section_now != section:
+                print(f"notice: {path}: {section}.{name} is read as {section_now}.{name} "
+                      f"(its section now); move it there", file=sys.stderr)
+            known = {f.name: (f, kind) for f, kind, _ in _fields(section_now)}
             if name not in known:
                 hint = difflib.get_close_matches(str(name), known, n=1)
                 raise UserError(
-                    f"{path}: unknown key {section}.{name}"
-                    + (f" (did you mean {section}.{hint[0]}?)" if hint else "")
+                    f"{path}: unknown key {section_now}.{name}"
+                    + (f" (did you mean {section_now}.{hint[0]}?)" if hint else "")
                 )
             f, kind = known[name]
             optional = f.default is None
-            values.setdefault(section, {})[name] = _check_yaml_value(
-                path, section, name, value, kind, optional
+            values.setdefault(section_now, {})[name] = _check_yaml_value(
+                path, section_now, name, value, kind, optional
             )
     return values
 

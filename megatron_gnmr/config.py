@@ -38,6 +38,8 @@ MAX_LAYERS, MAX_WIDTH, MAX_HEADS, MAX_SEQUENCE, MAX_EXPERTS = 4096, 1 << 20, 819
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
 DEFAULT_TRAIN_ITERS = 100
+# megatron-core's AttnBackend names (0.16 to 0.19; a test holds them equal)
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 
 
 @dataclass
@@ -97,7 +99,7 @@ class ModelConfig:
     moe_shared_expert_intermediate_size: Optional[int] = limit(None, ge=1, le=MAX_WIDTH)
     """MoE: inner width of the shared expert every token goes through (None: no shared
     expert). --gnmr: its fc1/fc2 are units too (`layers.L.mlp.shared_experts.linear_fc1`)."""
-    moe_router_score_function: str = "softmax"
+    moe_router_score_function: str = limit("softmax", choices=("softmax", "sigmoid"))
     """MoE: router scores, softmax or sigmoid (DeepSeek-V3: sigmoid, the gates normalised
     over the chosen experts)."""
     moe_router_enable_expert_bias: bool = False
@@ -105,7 +107,8 @@ class ModelConfig:
     scores for the choice only, nudged after each step towards an even load."""
     moe_router_bias_update_rate: float = limit(1e-3, ge=0)
     """MoE: how far the expert bias moves per step (megatron's default)."""
-    moe_router_load_balancing_type: str = "aux_loss"
+    moe_router_load_balancing_type: str = limit("aux_loss",
+                                                choices=("aux_loss", "seq_aux_loss", "none"))
     """MoE: aux_loss, seq_aux_loss or none (with --moe-router-enable-expert-bias: none)."""
 
     def __post_init__(self) -> None:
@@ -204,9 +207,6 @@ class TrainingConfig:
     calculate_per_token_loss: bool = False
     """Average the loss over every token of the step (megatron-core scales the gradients by
     the step's token count) rather than per micro-batch."""
-    exit_duration_in_mins: Optional[float] = limit(None, gt=0)
-    """Checkpoint and exit (status 0) at the end of the first step after the run has lasted
-    this many minutes (a scheduler's time limit)."""
     clip_grad: float = limit(1.0, ge=0)
     """Clip the global gradient norm to this value (0 disables)."""
     bf16: bool = False
@@ -222,6 +222,62 @@ class TrainingConfig:
     """Validation every N steps (and at the end)."""
     eval_iters: int = limit(4, ge=1)
     """Validation batches per evaluation."""
+    distributed_timeout_minutes: int = limit(10, ge=1)
+    """A collective that waits longer than this (a rank died or hangs) fails the run."""
+    stop_on_divergence: bool = False
+    """Stop (after checkpointing) once the run has diverged: the 20-step mean training loss
+    20% above its running minimum, after step 100 (training/divergence.py); for sweeps."""
+    inject_nonfinite: Optional[str] = None
+    """Test only: STEP:UNIT[,...] puts a NaN into that unit's gradient at that step."""
+    recompute_granularity: Optional[str] = limit(None, choices=("full", "selective"))
+    """Activation recompute: `selective` (core attention is recomputed in the backward, so
+    its heads x seq^2 scores are never stored; cheap) or `full` (whole layers, with
+    --recompute-method); None: off. --gnmr: unchanged (a recomputed forward runs the same
+    precision path, so the backward still sees its forward's precision)."""
+    recompute_method: Optional[str] = limit(None, choices=("uniform", "block"))
+    """Full recompute: `uniform` (chunks of --recompute-num-layers layers) or `block` (the
+    first --recompute-num-layers layers of each pipeline stage)."""
+    recompute_num_layers: Optional[int] = limit(None, ge=1)
+    """Full recompute: layers per chunk (uniform) or recomputed layers per stage (block)."""
+    gradient_accumulation_fusion: bool = False
+    """Accumulate weight gradients into main_grad inside the GEMM (GPU with apex/TE only;
+    not with emulated or switchable precision, whose weight gradient is its own GEMM)."""
+    attention_backend: str = limit("auto", choices=ATTENTION_BACKENDS)
+    """Core attention: auto, flash, fused, unfused (Transformer Engine's kernels, in the TE
+    layers of --precision-recipe te-fp8) or local (megatron's own)."""
+    use_flash_attn: bool = False
+    """Megatron's older spelling of --attention-backend flash."""
+    emulated_attention: bool = False
+    """Core attention through an explicit flash-attention-style backward (fault studies)."""
+    attention_fault_bits: int = limit(0, ge=0, le=10)
+    """Fault study: round O to N mantissa bits toward -inf in delta = rowsum(dO * O) (0: off)."""
+    attention_fault_start: int = limit(1, ge=1)
+    """Fault study: the step the attention fault switches on."""
+    attention_fault_layers: str = "all"
+    """Fault study: the layers whose core attention has the fault: all, a comma list of layer
+    numbers (0-based), or drawn:K (K layers drawn from --seed, so each seed fails elsewhere)."""
+
+    def __post_init__(self) -> None:
+        check_limits(self, "training")
+        if self.train_samples is not None:
+            iters = self.train_samples // self.global_batch_size
+            if self.train_iters not in (None, iters):
+                raise ValueError("training.train_samples and train_iters are exclusive: give "
+                                 "one (Megatron-LM's rule)")
+            if iters < 1:
+                raise ValueError(f"training.train_samples {self.train_samples} is less than one "
+                                 f"global batch ({self.global_batch_size})")
+            self.train_iters = iters
+        elif self.train_iters is None:
+            self.train_iters = DEFAULT_TRAIN_ITERS
+
+
+@dataclass
+class CheckpointConfig:
+    """Where a run's checkpoints go and come from, in which form, and when a run stops to
+    save (Megatron-LM's flags). YAML: the `checkpoint:` section (these keys under
+    `training:` are still read, with a notice)."""
+
     save: Optional[str] = None
     """Run directory: checkpoints, metrics.jsonl and traces go here."""
     load: Optional[str] = None
@@ -230,7 +286,7 @@ class TrainingConfig:
     """Megatron's --finetune: read only the model weights of --load (no optimizer, scheduler,
     RNG or step) and start at step 0. With --lora, the fine-tune's checkpoints hold the
     adapters and a pointer to the base (its path and hash), which a resume reloads."""
-    resume: Optional[str] = None
+    resume: Optional[str] = limit(None, choices=("auto",))
     """`auto`: resume from the newest complete checkpoint in --save if there is one."""
     overwrite: bool = False
     """Start a new run in a --save directory that holds another run's checkpoints, deleting
@@ -276,56 +332,14 @@ class TrainingConfig:
     exit_signal: str = limit("SIGTERM", choices=("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"))
     """--exit-signal-handler: the signal (SLURM sends SIGUSR1 ahead of a time limit with
     `--signal=USR1@120`)."""
-    distributed_timeout_minutes: int = limit(10, ge=1)
-    """A collective that waits longer than this (a rank died or hangs) fails the run."""
-    stop_on_divergence: bool = False
-    """Stop (after checkpointing) once the run has diverged: the 20-step mean training loss
-    20% above its running minimum, after step 100 (training/divergence.py); for sweeps."""
     exit_interval: int = limit(0, ge=0)
     """Stop (after checkpointing) once the step count is a multiple of N (0: never)."""
-    inject_nonfinite: Optional[str] = None
-    """Test only: STEP:UNIT[,...] puts a NaN into that unit's gradient at that step."""
-    recompute_granularity: Optional[str] = None
-    """Activation recompute: `selective` (core attention is recomputed in the backward, so
-    its heads x seq^2 scores are never stored; cheap) or `full` (whole layers, with
-    --recompute-method); None: off. --gnmr: unchanged (a recomputed forward runs the same
-    precision path, so the backward still sees its forward's precision)."""
-    recompute_method: Optional[str] = None
-    """Full recompute: `uniform` (chunks of --recompute-num-layers layers) or `block` (the
-    first --recompute-num-layers layers of each pipeline stage)."""
-    recompute_num_layers: Optional[int] = limit(None, ge=1)
-    """Full recompute: layers per chunk (uniform) or recomputed layers per stage (block)."""
-    gradient_accumulation_fusion: bool = False
-    """Accumulate weight gradients into main_grad inside the GEMM (GPU with apex/TE only;
-    not with emulated or switchable precision, whose weight gradient is its own GEMM)."""
-    attention_backend: str = "auto"
-    """Core attention: auto, flash, fused, unfused (Transformer Engine's kernels, in the TE
-    layers of --precision-recipe te-fp8) or local (megatron's own)."""
-    use_flash_attn: bool = False
-    """Megatron's older spelling of --attention-backend flash."""
-    emulated_attention: bool = False
-    """Core attention through an explicit flash-attention-style backward (fault studies)."""
-    attention_fault_bits: int = limit(0, ge=0, le=10)
-    """Fault study: round O to N mantissa bits toward -inf in delta = rowsum(dO * O) (0: off)."""
-    attention_fault_start: int = limit(1, ge=1)
-    """Fault study: the step the attention fault switches on."""
-    attention_fault_layers: str = "all"
-    """Fault study: the layers whose core attention has the fault: all, a comma list of layer
-    numbers (0-based), or drawn:K (K layers drawn from --seed, so each seed fails elsewhere)."""
+    exit_duration_in_mins: Optional[float] = limit(None, gt=0)
+    """Checkpoint and exit (status 0) at the end of the first step after the run has lasted
+    this many minutes (a scheduler's time limit)."""
 
     def __post_init__(self) -> None:
-        check_limits(self, "training")
-        if self.train_samples is not None:
-            iters = self.train_samples // self.global_batch_size
-            if self.train_iters not in (None, iters):
-                raise ValueError("training.train_samples and train_iters are exclusive: give "
-                                 "one (Megatron-LM's rule)")
-            if iters < 1:
-                raise ValueError(f"training.train_samples {self.train_samples} is less than one "
-                                 f"global batch ({self.global_batch_size})")
-            self.train_iters = iters
-        elif self.train_iters is None:
-            self.train_iters = DEFAULT_TRAIN_ITERS
+        check_limits(self, "checkpoint")
         if self.load is not None and self.save is not None and not self.finetune and \
                 os.path.realpath(self.load) == os.path.realpath(self.save):
             # Megatron-LM's --save X --load X: resume from X when it holds a checkpoint
@@ -338,6 +352,7 @@ class RunConfig:
     mla: MLAConfig = field(default_factory=MLAConfig)  # the deepseek-mla family's settings
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -347,18 +362,23 @@ class RunConfig:
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
 
     def __post_init__(self) -> None:
-        t = self.training
-        if t.ckpt_format is None:  # LoRA's checkpoints (adapters, merge-lora) are per-rank
-            t.ckpt_format = "torch" if self.lora.enabled else "torch_dist"
+        c = self.checkpoint
+        if c.ckpt_format is None:  # LoRA's checkpoints (adapters, merge-lora) are per-rank
+            c.ckpt_format = "torch" if self.lora.enabled else "torch_dist"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
-        """A run's config.json back (sections it lacks keep their defaults)."""
+        """A run's config.json back (sections it lacks keep their defaults; fields of a
+        config.json written before they moved to a section of their own, read there)."""
         hints = typing.get_type_hints(cls)
-        return cls(**{name: hints[name](**values[name]) for name in hints if name in values})
+        sections: dict[str, dict] = {}
+        for section, fields in values.items():
+            for name, value in (fields or {}).items() if isinstance(fields, dict) else ():
+                sections.setdefault(moved_section(section, name), {})[name] = value
+        return cls(**{name: hints[name](**sections[name]) for name in hints if name in sections})
 
 
 def launch_world_size() -> int:
@@ -367,6 +387,14 @@ def launch_world_size() -> int:
 
 
 SECTIONS = {name: kind for name, kind in typing.get_type_hints(RunConfig).items()}
+# Fields that moved to a section of their own: (old section, field) -> new section. A YAML
+# file or a run's config.json written before the move still reads.
+MOVED = {("training", f.name): "checkpoint" for f in dataclasses.fields(CheckpointConfig)}
+
+
+def moved_section(section: str, name: str) -> str:
+    """The section a field of `section` lives in now."""
+    return MOVED.get((section, name), section)
 
 
 def flag_name(section: str, name: str) -> str:

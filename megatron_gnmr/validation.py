@@ -13,6 +13,7 @@ from megatron_gnmr.config import RunConfig, flag_name
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.monitors.detectors import DETECTORS
 from megatron_gnmr.monitors.families import FAMILIES, parse_families
+from megatron_gnmr.precision.checks import check_precision
 from megatron_gnmr.training.run_directory import check_run_directory
 
 
@@ -23,7 +24,8 @@ def validate(config: RunConfig, world_size: int) -> None:
     validate_lora(config)
     validate_scale_features(config)
     validate_schedule(config)
-    validate_precision(config)
+    check_precision(config)
+    validate_precision_config_file(config)
     validate_logging(config)
     validate_monitors(config)
     validate_moe(config, world_size)
@@ -85,12 +87,6 @@ def validate_scale_features(config: RunConfig) -> None:
 
 
 def _validate_recompute(t, layers_per_stage: int) -> None:
-    if t.recompute_granularity not in (None, "full", "selective"):
-        raise UserError(f"--recompute-granularity must be full or selective, got "
-                        f"{t.recompute_granularity!r}")
-    if t.recompute_method not in (None, "uniform", "block"):
-        raise UserError(f"--recompute-method must be uniform or block, got "
-                        f"{t.recompute_method!r}")
     if t.recompute_granularity == "full":
         if t.recompute_method is None or t.recompute_num_layers is None:
             raise UserError("--recompute-granularity full needs --recompute-method (uniform or "
@@ -104,14 +100,9 @@ def _validate_recompute(t, layers_per_stage: int) -> None:
 
 
 def _validate_attention_backend(config: RunConfig) -> None:
-    from megatron.core.transformer.enums import AttnBackend
-
     from megatron_gnmr.precision.backends import backend
 
     t = config.training
-    if t.attention_backend not in AttnBackend.__members__:
-        raise UserError(f"--attention-backend must be one of "
-                        f"{', '.join(AttnBackend.__members__)}, got {t.attention_backend!r}")
     if t.use_flash_attn and t.attention_backend not in ("auto", "flash"):
         raise UserError(f"--use-flash-attn asks for flash attention, --attention-backend "
                         f"{t.attention_backend} for another; give one of them")
@@ -127,121 +118,21 @@ def validate_schedule(config: RunConfig) -> None:
     from megatron_gnmr.training.lr_schedule import check_schedule
 
     check_schedule(config.training)
-    parse_split(config.data.split)
 
 
-def parse_split(split: str) -> list[float]:
-    """Megatron's --split: 1 to 3 comma-separated weights (train, valid, test); training and
-    validation both need data."""
-    try:
-        weights = [float(part) for part in split.split(",")]
-    except ValueError:
-        weights = []
-    if not 1 <= len(weights) <= 3 or any(not w >= 0 or w == float("inf") for w in weights):
-        raise UserError(f"--split {split!r}: give 1 to 3 comma-separated weights >= 0 (train, "
-                        "valid, test), e.g. 95,5,0")
-    weights += [0.0] * (3 - len(weights))
-    if weights[0] <= 0 or weights[1] <= 0:
-        raise UserError(f"--split {split!r}: the train and valid weights must both be > 0 (the "
-                        "run trains on one and evaluates on the other)")
-    return weights
-
-
-def validate_static_recovery(config: RunConfig) -> None:
-    """--precision-recovery-gemms and --first-last-layers-bf16 (and its two counts)."""
-    from megatron_gnmr.precision.backends import backend
-    from megatron_gnmr.precision.paths import GEMM_ROLES
-
-    precision = config.precision
-    roles = precision.precision_recovery_gemms.split(",")
-    if not roles or any(role not in GEMM_ROLES for role in roles) or \
-            len(set(roles)) != len(roles):
-        raise UserError(f"--precision-recovery-gemms {precision.precision_recovery_gemms!r}: "
-                        f"give a comma list of distinct GEMMs from {', '.join(GEMM_ROLES)}")
-    if set(roles) != set(GEMM_ROLES) and not backend(precision).per_gemm_recovery:
-        raise UserError(f"--precision-recovery-gemms {precision.precision_recovery_gemms}: "
-                        f"--precision-recipe {precision.precision_recipe} switches a unit's "
-                        "GEMMs together; per-GEMM recovery needs an emulated recipe")
-    for flag in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
-        value = getattr(precision, flag)
-        if not 0 <= value <= config.model.num_layers:
-            raise UserError(f"--{flag.replace('_', '-')} {value}: use 0 to --num-layers "
-                            f"({config.model.num_layers})")
-    if precision.first_last_layers_bf16 and not backend(precision).quantizes:
-        raise UserError("--first-last-layers-bf16 needs a --precision-recipe: without one "
-                        "every layer already runs in the run's precision")
-
-
-def validate_precision(config: RunConfig) -> None:
-    from megatron_gnmr.precision.backends import backend, build_recipe
-
-    precision = config.precision
-    build_recipe(precision)  # raises a UserError naming the flag
-    from megatron_gnmr.precision.backends import BACKENDS, inapplicable_options
-
-    for name in inapplicable_options(precision):
-        users = [recipe for recipe, entry in BACKENDS.items() if name in entry.options]
-        flag = name.replace("_", "-")
-        flag = f"--no-{flag}" if getattr(precision, name) is False else f"--{flag}"
-        raise UserError(f"{flag} applies to --precision-recipe "
-                        f"{' or '.join(users)} only; this run uses "
-                        f"{precision.precision_recipe}, which would ignore it")
-    if precision.transformer_impl == "transformer_engine" and \
-            not backend(precision).transformer_engine_layers:
-        raise UserError(f"--transformer-impl transformer_engine builds Transformer Engine's "
-                        f"layers; --precision-recipe {precision.precision_recipe} runs "
-                        "megatron-core's local ones: drop one (te-fp8 is FP8 on TE's layers)")
-    validate_attention_precision(config)
-    validate_static_recovery(config)
-    if precision.precision_config_file:
+def validate_precision_config_file(config: RunConfig) -> None:
+    """The whole file as megatron reads it, against the model's unit names (raises a
+    UserError naming the problem)."""
+    if config.precision.precision_config_file:
         from megatron_gnmr.controller.units import UnitShape
         from megatron_gnmr.precision.kept_high import kept_high
 
-        if not backend(precision).quantizes:
-            raise UserError("--precision-config-file needs a --precision-recipe: without one "
-                            "every unit already runs in the run's precision")
-        # the whole file as megatron reads it (raises a UserError naming the problem)
-        kept_high(precision, UnitShape.of_run(config).names())
-    if precision.moe_dispatch_quant and not config.model.num_experts:
-        raise UserError("--moe-dispatch-quant needs an MoE model (--num-experts N)")
-    if backend(precision).validate is not None:
-        backend(precision).validate(config)
-
-
-def validate_attention_precision(config: RunConfig) -> None:
-    from megatron_gnmr.precision.attention_fault import fault_layers, switchable_attention
-    from megatron_gnmr.precision.backends import backend
-
-    precision = config.precision
-    if precision.attention_fp8_output and precision.attention_precision != "fp8":
-        raise UserError("--attention-fp8-output holds O in FP8 inside FP8 attention's backward; "
-                        "give --attention-precision fp8")
-    try:
-        fault_layers(config.training.attention_fault_layers, config.model.num_layers,
-                     config.training.seed)
-    except ValueError as error:
-        raise UserError(f"--attention-fault-layers {error}") from None
-    if not switchable_attention(config):
-        return
-    if backend(precision).transformer_engine_layers:
-        raise UserError(f"--attention-precision / --attention-fault-bits with --precision-recipe "
-                        f"{precision.precision_recipe}: the switchable core attention is the "
-                        "emulated one of the local layer spec; this backend builds its own "
-                        "layers, and its FP8 attention (Transformer Engine's fp8_dpa) is set for "
-                        "the whole model, not per layer")
-    if config.gnmr.enabled and config.parallel.expert_model_parallel_size > 1:
-        raise UserError("--attention-precision / --attention-fault-bits with --gnmr and "
-                        "--expert-model-parallel-size > 1 is not supported yet (the core "
-                        "attention's gradient sums need the world all-reduce, which counts "
-                        "parameter norms on data-parallel rank 0 only)")
+        kept_high(config.precision, UnitShape.of_run(config).names())
 
 
 def validate_logging(config: RunConfig) -> None:
     logging = config.logging
-    if logging.wandb_mode not in (None, "offline", "online", "disabled"):
-        raise UserError(f"--wandb-mode must be offline, online or disabled, got "
-                        f"{logging.wandb_mode!r}")
-    if logging.wandb_project and not config.training.save:
+    if logging.wandb_project and not config.checkpoint.save:
         raise UserError("--wandb-project needs --save DIR (W&B files are kept in the run "
                         "directory)")
     if logging.tensorboard_dir is not None:
@@ -300,18 +191,7 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
                         f"--num-experts is not supported yet ({able} are)")
 
 
-ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
-LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "none")
-
-
 def _validate_router(m) -> None:
-    if m.moe_router_score_function not in ROUTER_SCORE_FUNCTIONS:
-        raise UserError(f"--moe-router-score-function {m.moe_router_score_function!r}: use "
-                        f"one of {', '.join(ROUTER_SCORE_FUNCTIONS)}")
-    if m.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
-        raise UserError(f"--moe-router-load-balancing-type "
-                        f"{m.moe_router_load_balancing_type!r}: use one of "
-                        f"{', '.join(LOAD_BALANCING_TYPES)}")
     if m.moe_router_enable_expert_bias and m.moe_router_score_function != "sigmoid":
         raise UserError("--moe-router-enable-expert-bias needs --moe-router-score-function "
                         "sigmoid (megatron's auxiliary-loss-free balancing is defined on "
@@ -367,7 +247,7 @@ def validate_controller(config: RunConfig) -> None:
 
 def validate_lora(config: RunConfig) -> None:
     lora, p = config.lora, config.parallel
-    if config.training.finetune and config.training.load is None:
+    if config.checkpoint.finetune and config.checkpoint.load is None:
         raise UserError("--finetune reads the model weights of --load BASE_RUN: give --load")
     if not lora.enabled:
         return
@@ -385,9 +265,6 @@ def validate_lora(config: RunConfig) -> None:
                         "normalised input")
     if p.sequence_parallel:
         raise UserError("--lora with --sequence-parallel is not supported yet")
-    if lora.dropout_position not in ("pre", "post"):
-        raise UserError(f"--lora-dropout-position must be pre or post, got "
-                        f"{lora.dropout_position!r}")
     check_dim(lora, p.tensor_model_parallel_size)
     check_rank(lora, config)
     check_targets(lora_targets(config), UnitShape.of(config).names())
@@ -395,11 +272,9 @@ def validate_lora(config: RunConfig) -> None:
 
 def validate_run(config: RunConfig) -> None:
     """--save, --load, --resume, --overwrite."""
-    t = config.training
+    t = config.checkpoint
     if t.save is None and t.save_interval:
         raise UserError("--save-interval needs --save DIR")
-    if t.resume not in (None, "auto"):
-        raise UserError(f"--resume must be 'auto', got {t.resume!r}")
     if t.resume == "auto" and t.save is None:
         raise UserError("--resume auto needs --save DIR (it resumes from that directory)")
     if t.overwrite and (t.save is None or t.resume == "auto"):

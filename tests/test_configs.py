@@ -46,3 +46,20 @@ def test_a_negative_switch_turns_on_under_its_own_name():
         config = parse_config([flag_name(section, name)])
         assert getattr(getattr(config, section), name) is True, name
     assert parse_config(["--gnmr", "--no-gnmr"]).gnmr.enabled is False  # the pair still works
+
+
+def test_a_checkpoint_key_under_training_is_still_read_with_a_notice(tmp_path, capsys):
+    """The checkpoint settings left `training:` for a section of their own; a YAML file (or a
+    run's config.json) written before still reads, the YAML with a one-line notice."""
+    from megatron_gnmr.config import RunConfig
+
+    old = tmp_path / "old.yaml"
+    old.write_text("training:\n  lr: 0.002\n  save_interval: 7\n  resume: auto\n")
+    config = parse_config(["--config", str(old), "--save", str(tmp_path / "run")])
+    assert config.checkpoint.save_interval == 7 and config.checkpoint.resume == "auto"
+    assert config.training.lr == 0.002
+    notices = [line for line in capsys.readouterr().err.splitlines() if "notice" in line]
+    assert len(notices) == 2 and "training.save_interval is read as checkpoint.save_interval" \
+        in notices[0]
+    before = RunConfig.from_dict({"training": {"save": "/runs/x", "lr": 0.5}})
+    assert before.checkpoint.save == "/runs/x" and before.training.lr == 0.5

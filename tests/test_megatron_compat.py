@@ -78,3 +78,13 @@ def test_moe_helpers_are_bound_without_te_on_a_cuda_machine_too():
     out = subprocess.run([sys.executable, "-c", MOE_WITHOUT_TE_ON_CUDA], capture_output=True,
                          text=True, timeout=LAUNCH_TIMEOUT_S, cwd=REPO)
     assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-3000:]
+
+
+def test_the_attention_backend_choices_are_megatron_cores():
+    """--attention-backend's choices are a limit on the field (checked without importing
+    megatron); they must be the names of megatron-core's AttnBackend, release after release."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    from megatron_gnmr.config import ATTENTION_BACKENDS
+
+    assert set(ATTENTION_BACKENDS) == set(AttnBackend.__members__)

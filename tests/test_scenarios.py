@@ -46,7 +46,7 @@ def test_the_lora_scenario_is_valid_runs_from_one_base():
     for variant, seed, flags in scenario.runs(smoke=False):
         assert flags[flags.index("--load") + 1] == "{pretrain}"
         config = parse_config([f.replace("{pretrain}", "/nonexistent") for f in flags])
-        assert config.lora.enabled and config.training.finetune
+        assert config.lora.enabled and config.checkpoint.finetune
         assert config.data.corpus == "austen" and config.data.tokenizer_corpus == "shakespeare"
         assert config.model == base.model
         if config.gnmr.enabled:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from megatron_gnmr.errors import UserError
 from megatron_gnmr.limits import check_limits, limit
 
 PATHS = {"metadata": {"metavar": "PATH"}}
@@ -65,3 +66,21 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "data")
+        parse_split(self.split)
+
+
+def parse_split(split: str) -> list[float]:
+    """Megatron's --split: 1 to 3 comma-separated weights (train, valid, test); training and
+    validation both need data."""
+    try:
+        weights = [float(part) for part in split.split(",")]
+    except ValueError:
+        weights = []
+    if not 1 <= len(weights) <= 3 or any(not w >= 0 or w == float("inf") for w in weights):
+        raise UserError(f"--split {split!r}: give 1 to 3 comma-separated weights >= 0 (train, "
+                        "valid, test), e.g. 95,5,0")
+    weights += [0.0] * (3 - len(weights))
+    if weights[0] <= 0 or weights[1] <= 0:
+        raise UserError(f"--split {split!r}: the train and valid weights must both be > 0 (the "
+                        "run trains on one and evaluates on the other)")
+    return weights

@@ -39,7 +39,7 @@ def run_config(run_dir: Path) -> RunConfig:
         raise UserError(f"{run_dir}: no config.json (not a run directory, or the run never "
                         "started)")
     config = RunConfig.from_dict(json.loads(path.read_text()))
-    config.training.save = config.training.load = None
+    config.checkpoint.save = config.checkpoint.load = None
     return config
 
 

@@ -24,7 +24,7 @@ class LoRAConfig:
     """LoRA: the update is scaled by alpha / dim."""
     dropout: float = limit(0.0, ge=0, lt=1)
     """LoRA: dropout on the adapter's path."""
-    dropout_position: str = "pre"
+    dropout_position: str = limit("pre", choices=("pre", "post"))
     """LoRA: dropout on the adapter's input (pre) or output (post)."""
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ class LoggingConfig:
     """W&B entity (team or user)."""
     wandb_group: Optional[str] = None
     """W&B run group (e.g. a scenario's variant); the `dashboard` workspace groups by it."""
-    wandb_mode: Optional[str] = None
+    wandb_mode: Optional[str] = limit(None, choices=("offline", "online", "disabled"))
     """offline | online | disabled (default: online if an API key is configured, else offline)."""
     tensorboard_dir: Optional[str] = None
     """Write TensorBoard event files here (same scalar names as W&B)."""

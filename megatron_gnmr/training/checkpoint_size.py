@@ -53,25 +53,25 @@ def checkpoint_bytes(config, world_size: int) -> dict[str, float]:
 def host_bytes_per_rank(config, world_size: int) -> dict[str, float]:
     """{"save": bytes, "load": bytes} of host memory one rank needs for a torch_dist
     checkpoint (the most loaded rank), per the module docstring."""
-    p, t = config.parallel, config.training
+    p, t, ck = config.parallel, config.training, config.checkpoint
     dp = max(world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size), 1)
     dense, experts = parameters_per_rank(config)
     shard = dense + experts
     weights = shard * (2 if t.bf16 else 4) / dp
     state = shard * (8 + (4 if t.bf16 else 0))
     # a load reads what the rank needs whole, or its share with a fully parallel load
-    read = 1 if t.ckpt_fully_parallel_load else dp
+    read = 1 if ck.ckpt_fully_parallel_load else dp
     if not p.use_distributed_optimizer:
         return {"save": weights + state / dp, "load": (weights + state / dp) * read}
-    if not t.dist_ckpt_optim_fully_reshardable:
+    if not ck.dist_ckpt_optim_fully_reshardable:
         return {"save": weights + state / dp, "load": weights * read + state / dp}
-    gather = 2 * state if t.distrib_optim_fully_reshardable_mem_efficient else state
+    gather = 2 * state if ck.distrib_optim_fully_reshardable_mem_efficient else state
     return {"save": weights + gather, "load": weights * read + state / dp * read}
 
 
 def lines(config, world_size: int) -> list[str]:
-    sizes, keep = checkpoint_bytes(config, world_size), config.training.keep_last
-    chosen = config.training.ckpt_format
+    sizes, keep = checkpoint_bytes(config, world_size), config.checkpoint.keep_last
+    chosen = config.checkpoint.ckpt_format
     return [f"checkpoint size ({whole_model_parameters(config) / 1e6:.1f} M parameters, "
             f"weights and optimizer state; --keep-last {keep} on disk):"] + [
         f"  {name:<11}{size / GIB:10.2f} GiB per checkpoint, {keep * size / GIB:.2f} GiB kept"
@@ -80,7 +80,7 @@ def lines(config, world_size: int) -> list[str]:
 
 
 def _host_lines(config, world_size: int) -> list[str]:
-    t = config.training
+    t = config.checkpoint
     if t.ckpt_format == "torch":
         return []
     form = "optimizer not distributed" if not config.parallel.use_distributed_optimizer \

@@ -18,12 +18,12 @@ from megatron_gnmr.platform.device import run_device
 
 
 class ExitRequests:
-    def __init__(self, training):
-        self.limit_s = 60.0 * training.exit_duration_in_mins \
-            if training.exit_duration_in_mins else None
+    def __init__(self, checkpoint):
+        self.limit_s = 60.0 * checkpoint.exit_duration_in_mins \
+            if checkpoint.exit_duration_in_mins else None
         self.started = time.monotonic()
         self.received: str | None = None
-        names = {"SIGTERM"} | ({training.exit_signal} if training.exit_signal_handler else set())
+        names = {"SIGTERM"} | ({checkpoint.exit_signal} if checkpoint.exit_signal_handler else set())
         self.previous = {}
         for name in sorted(names):
             number = getattr(signal, name)

@@ -123,8 +123,9 @@ def build_optimizer(config: RunConfig, model_chunks, clip_in_megatron: bool):
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(optimizer_config, model_chunks)
-    return optimizer, build_scheduler(t, optimizer, override=t.override_opt_param_scheduler,
-                                      use_checkpoint=t.use_checkpoint_opt_param_scheduler)
+    ck = config.checkpoint
+    return optimizer, build_scheduler(t, optimizer, override=ck.override_opt_param_scheduler,
+                                      use_checkpoint=ck.use_checkpoint_opt_param_scheduler)
 
 
 def _reduce_loss(losses: list[dict]) -> float:
@@ -167,10 +168,10 @@ class Trainer:
         self.valid_reader = BatchReader(valid, t.micro_batch_size, t.global_batch_size)
         self.state = RunState()
         self.base = None  # --finetune: the base checkpoint's identity
-        self.run_dir = t.save
+        self.run_dir = config.checkpoint.save
         self.logger = NullLogger()  # real loggers open after --load is validated
         self.forward_backward = get_forward_backward_func()
-        self.housekeeping = Housekeeping(config.housekeeping, t.save)
+        self.housekeeping = Housekeeping(config.housekeeping, config.checkpoint.save)
         self.exit_requests: ExitRequests | None = None  # run() installs them
         self.padded_vocab_size = padded_vocab_size(self.data.tokenizer.vocab_size, config)
         self.flops_per_step = step_flops(config, self.padded_vocab_size)
@@ -305,20 +306,20 @@ class Trainer:
 
     # -- the run -----------------------------------------------------------------------
     def run(self) -> dict:
-        t = self.config.training
+        t, ck = self.config.training, self.config.checkpoint
         # SIGTERM and --exit-duration-in-mins, for the run's lifetime: close() gives the
         # signals back (a process that builds a Trainer and fails keeps its own handlers)
-        self.exit_requests = ExitRequests(t)
-        run_directory.honour_stop_marker(t.save)
-        if t.overwrite and is_logging_rank():
-            run_directory.clear_for_overwrite(t.save)
+        self.exit_requests = ExitRequests(ck)
+        run_directory.honour_stop_marker(ck.save)
+        if ck.overwrite and is_logging_rank():
+            run_directory.clear_for_overwrite(ck.save)
         torch.distributed.barrier()
-        own = t.save if run_directory.resumes(t) and checkpoint_steps(t.save) else None
-        if t.finetune:  # the base's weights, then (resuming) this fine-tune's own state
-            self.base = load_base_weights(self.model, t.load, self.checkpoints.settings())
+        own = ck.save if run_directory.resumes(ck) and checkpoint_steps(ck.save) else None
+        if ck.finetune:  # the base's weights, then (resuming) this fine-tune's own state
+            self.base = load_base_weights(self.model, ck.load, self.checkpoints.settings())
             source = own
         else:
-            source = t.load or own
+            source = ck.load or own
         started = time.perf_counter()
         choice = self.checkpoints.load(source) if source else None
         load_seconds = round(time.perf_counter() - started, 3)
@@ -365,7 +366,7 @@ class Trainer:
                 summary["final_valid_loss"] = result["valid/loss"]
                 self.logger.log(step, result)
                 self.housekeeping.after_evaluation()
-            should_exit = t.exit_interval and step % t.exit_interval == 0
+            should_exit = ck.exit_interval and step % ck.exit_interval == 0
             if stop := self.exit_requests.reason():
                 self.logger.event(step, "exit", {"reason": stop})
                 summary["exit"] = stop
@@ -376,7 +377,7 @@ class Trainer:
                 summary["diverged_at"] = step
                 should_exit = True
             last = step == t.train_iters or should_exit
-            if self.run_dir and ((t.save_interval and step % t.save_interval == 0) or last):
+            if self.run_dir and ((ck.save_interval and step % ck.save_interval == 0) or last):
                 self.checkpoints.save(step, last=last)
             self.checkpoints.poll()
             self.faults.maybe_kill(step)

@@ -44,9 +44,9 @@ def merge_run(run_dir: str, out: str) -> Path:
     world = meta["world_size"]
     scale = lora["alpha"] / lora["dim"]
     row_parallel = row_parallel_linears(RunConfig.from_dict(config))
-    merged_config = json.loads(json.dumps(config))
+    merged_config = RunConfig.from_dict(config).to_dict()  # in today's sections
     merged_config["lora"]["enabled"] = False
-    merged_config["training"]["finetune"] = False
+    merged_config["checkpoint"]["finetune"] = False
     settings = {k: v for k, v in meta["settings"].items() if not k.startswith("--lora")
                 and not k.startswith("base checkpoint")}
     settings["--lora"] = False
@@ -98,7 +98,7 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
     if tuned.parallel.pipeline_model_parallel_size > 1:
         raise UserError(f"merge-lora {run_dir}: a pipeline-parallel fine-tune over a torch_dist "
                         "base is not merged yet")
-    tuned.training.save = tuned.training.load = None
+    tuned.checkpoint.save = tuned.checkpoint.load = None
     distributed.initialize(tuned)
     try:
         vocab = tokenizer_of(tuned.data).vocab_size

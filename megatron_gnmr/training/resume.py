@@ -46,7 +46,7 @@ class RunCheckpoints:
     def __init__(self, trainer):
         self.trainer = trainer
         self.async_saves = None
-        if trainer.config.training.async_save:
+        if trainer.config.checkpoint.async_save:
             from megatron_gnmr.training.torch_dist.async_save import AsyncSaves
 
             self.async_saves = AsyncSaves()
@@ -64,7 +64,7 @@ class RunCheckpoints:
     def adapters_only(self) -> bool:
         """A LoRA fine-tune saves its adapters; its base is --load's."""
         config = self.trainer.config
-        return config.training.finetune and config.lora.enabled
+        return config.checkpoint.finetune and config.lora.enabled
 
     def save(self, step: int, last: bool = False) -> None:
         """Collective: this step's checkpoint. With --async-save, written while training goes
@@ -102,7 +102,7 @@ class RunCheckpoints:
     def _write(self, step: int, asynchronous=None, published=None) -> Path | None:
         trainer = self.trainer
         trainer.controller.verify_agreement(step)
-        if trainer.config.training.ckpt_format == "torch_dist":
+        if trainer.config.checkpoint.ckpt_format == "torch_dist":
             return dist_run.save(trainer, step, self.settings(), trainer.padded_vocab_size,
                                  trainer.flops_per_step, trainer.faults, asynchronous,
                                  published)
@@ -123,7 +123,7 @@ class RunCheckpoints:
             meta["lora"] = {"base": trainer.base if self.adapters_only else None,
                             **trainer.config.to_dict()["lora"]}
         return checkpoint.save_checkpoint(trainer.run_dir, step, shard, meta,
-                                          trainer.config.training.keep_last, trainer.faults)
+                                          trainer.config.checkpoint.keep_last, trainer.faults)
 
     def keep(self) -> str:
         """Before stopping on bad gradients: make sure the last good state is on disk. The
@@ -141,7 +141,7 @@ class RunCheckpoints:
     def load(self, source: str) -> Choice:
         """Collective: choose (every rank the same, either format), check the settings, read
         and apply on every rank with one agreement, then prove the controllers agree."""
-        choice = choose(source, self.trainer.config.training.ckpt_step)
+        choice = choose(source, self.trainer.config.checkpoint.ckpt_step)
         if choice.format == "torch_dist":
             saved = dist_run.read_saved(choice.directory)
             check_resume(choice.directory, saved.get("settings"), self.settings(),
@@ -157,7 +157,7 @@ class RunCheckpoints:
         return choice
 
     def _apply_dist(self, directory: Path, saved: dict) -> list[str]:
-        trainer, t = self.trainer, self.trainer.config.training
+        trainer, t = self.trainer, self.trainer.config.checkpoint
         notes = dist_run.load(trainer, directory, saved, load_optimizer=not t.no_load_optim,
                               load_rng=not t.no_load_rng)
         if not t.no_load_optim:

@@ -31,7 +31,8 @@ CONTRACT = {
                  "lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction", "lr_warmup_init",
                  "lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples",
                  "weight_decay", "start_weight_decay", "end_weight_decay",
-                 "weight_decay_incr_style", "finetune"),
+                 "weight_decay_incr_style"),
+    "checkpoint": ("finetune",),
     "data": ("split",),
     "precision": ("precision_recipe",),
 }

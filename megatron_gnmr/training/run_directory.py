@@ -32,20 +32,20 @@ def restart_attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def resumes(training) -> bool:
+def resumes(checkpoint) -> bool:
     """Whether the launch continues a run (a --finetune's --load is its base, not a run)."""
-    starts_from_load = training.load is not None and not training.finetune
-    return training.resume == "auto" or starts_from_load or restart_attempt() > 0
+    starts_from_load = checkpoint.load is not None and not checkpoint.finetune
+    return checkpoint.resume == "auto" or starts_from_load or restart_attempt() > 0
 
 
-def check_run_directory(training) -> None:
+def check_run_directory(checkpoint) -> None:
     """Before anything is written: reusing a --save directory that holds a run is said
     explicitly."""
-    save = training.save
+    save = checkpoint.save
     if save is None or not Path(save).is_dir():
         return
     steps = checkpoint_steps(save)
-    if steps and not resumes(training) and not training.overwrite:
+    if steps and not resumes(checkpoint) and not checkpoint.overwrite:
         raise UserError(f"--save {save} already holds checkpoints of a run (steps "
                         f"{steps[0]}..{steps[-1]}); continue it with --resume auto, start from "
                         "one with --load, or delete them with --overwrite")

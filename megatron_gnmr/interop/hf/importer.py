@@ -124,7 +124,7 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
                          "seq_length": min(flags["max_position_embeddings"], 4096)}
         data_section = {"tokenizer_type": kind, "tokenizer_model": str(final_tokenizer)}
         config = RunConfig.from_dict({"model": model_section, "data": data_section})
-        config.training.ckpt_format = "torch_dist"
+        config.checkpoint.ckpt_format = "torch_dist"
         distributed.initialize(config)
         try:
             model = build_model(config, tokenizer.vocab_size, for_training=False)

@@ -43,17 +43,17 @@ RESHARDS_ONLY_FULLY = ("tensor_model_parallel_size", "pipeline_model_parallel_si
                        "expert_model_parallel_size", "use_distributed_optimizer")
 
 
-def optimizer_form(training) -> dict:
+def optimizer_form(checkpoint) -> dict:
     """Megatron-LM's metadata of the distributed optimizer's checkpoint form, as it writes it
     (`_build_sharded_state_dict_metadata`): DP-reshardable by default, fully reshardable on
     request; and keys that do not depend on how megatron chains its optimizers (dense and
     expert ones apart with EP > 1, one optimizer with EP = 1)."""
-    if not training.dist_ckpt_optim_fully_reshardable:
+    if not checkpoint.dist_ckpt_optim_fully_reshardable:
         return {"distrib_optim_sharding_type": DP_RESHARDABLE,
                 "chained_optim_avoid_prefix": True}
     return {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
             "distrib_optim_fully_reshardable_mem_efficient":
-                training.distrib_optim_fully_reshardable_mem_efficient,
+                checkpoint.distrib_optim_fully_reshardable_mem_efficient,
             "chained_optim_avoid_prefix": True}
 
 
@@ -130,7 +130,7 @@ def common_state(trainer, step: int, settings: dict, padded_vocab_size: int,
             "controller": trainer.controller.state_dict(),
             "alarms": monitors["alarms"] if monitors else None,
             "layout": layout(trainer.config),
-            "optimizer_form": optimizer_form(trainer.config.training),
+            "optimizer_form": optimizer_form(trainer.config.checkpoint),
             "settings": settings,
         }),
     }

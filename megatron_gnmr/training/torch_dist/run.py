@@ -83,12 +83,12 @@ def save(trainer, step: int, settings: dict, padded_vocab_size: int,
     staging = files.staging_directory(root, step) if torch.distributed.get_rank() == 0 \
         else Path(root) / f"iter_{step:07d}.tmp"
     torch.distributed.barrier()
-    form = content.optimizer_form(trainer.config.training)
+    form = content.optimizer_form(trainer.config.checkpoint)
 
     def publish() -> Path:
         return files.finish(root, staging, step,
                             {"settings": settings, "layout": content.layout(trainer.config)},
-                            trainer.config.training.keep_last)
+                            trainer.config.checkpoint.keep_last)
 
     with trainer.overlap.whole_weights():
         state = content.sharded_state(trainer, is_loading=False, with_rank_state=True,
@@ -155,7 +155,7 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
     if not load_optimizer:
         del state["optimizer"]
     loaded = _read_as_data(state, directory, f"--load {directory}",
-                           trainer.config.training.ckpt_fully_parallel_load)
+                           trainer.config.checkpoint.ckpt_fully_parallel_load)
     unwrap(trainer.model[0]).load_state_dict(loaded["model"])
     if load_optimizer:
         trainer.optimizer.load_state_dict(_reconciled(loaded["optimizer"], state["optimizer"]))
