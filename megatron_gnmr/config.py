@@ -22,6 +22,7 @@ from typing import Optional
 from megatron_gnmr.controller.config import GNMRRunConfig
 from megatron_gnmr.data.config import DataConfig
 from megatron_gnmr.model_families.deepseek_mla import MLAConfig
+from megatron_gnmr.errors import UserError
 from megatron_gnmr.limits import check_limits, limit
 from megatron_gnmr.lora.config import LoRAConfig
 from megatron_gnmr.monitors.config import MonitorConfig
@@ -340,6 +341,18 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "checkpoint")
+        if self.save is None and self.save_interval:
+            raise UserError("--save-interval needs --save DIR")
+        if self.resume == "auto" and self.save is None:
+            raise UserError("--resume auto needs --save DIR (it resumes from that directory)")
+        if self.overwrite and (self.save is None or self.resume == "auto"):
+            raise UserError("--overwrite starts a new run in --save DIR (deleting its "
+                            "checkpoints); it needs --save and contradicts --resume auto")
+        if self.distrib_optim_fully_reshardable_mem_efficient and \
+                not self.dist_ckpt_optim_fully_reshardable:
+            raise UserError("--distrib-optim-fully-reshardable-mem-efficient is a way of "
+                            "writing the fully reshardable form: add "
+                            "--dist-ckpt-optim-fully-reshardable")
         if self.load is not None and self.save is not None and not self.finetune and \
                 os.path.realpath(self.load) == os.path.realpath(self.save):
             # Megatron-LM's --save X --load X: resume from X when it holds a checkpoint

@@ -273,13 +273,7 @@ def validate_lora(config: RunConfig) -> None:
 def validate_run(config: RunConfig) -> None:
     """--save, --load, --resume, --overwrite."""
     t = config.checkpoint
-    if t.save is None and t.save_interval:
-        raise UserError("--save-interval needs --save DIR")
-    if t.resume == "auto" and t.save is None:
-        raise UserError("--resume auto needs --save DIR (it resumes from that directory)")
-    if t.overwrite and (t.save is None or t.resume == "auto"):
-        raise UserError("--overwrite starts a new run in --save DIR (deleting its checkpoints);"
-                        " it needs --save and contradicts --resume auto")
+    # the format's default is LoRA's choice (RunConfig): checked here, across the sections
     if (t.async_save or t.ckpt_fully_parallel_load or t.dist_ckpt_optim_fully_reshardable) and \
             t.ckpt_format != "torch_dist":
         flag = next(f for f, on in (("--async-save", t.async_save),
@@ -288,10 +282,6 @@ def validate_run(config: RunConfig) -> None:
                                      t.dist_ckpt_optim_fully_reshardable)) if on)
         raise UserError(f"{flag} is for --ckpt-format torch_dist (this run writes "
                         f"{t.ckpt_format})")
-    if t.distrib_optim_fully_reshardable_mem_efficient and \
-            not t.dist_ckpt_optim_fully_reshardable:
-        raise UserError("--distrib-optim-fully-reshardable-mem-efficient is a way of writing "
-                        "the fully reshardable form: add --dist-ckpt-optim-fully-reshardable")
     if t.save is not None:
         input_files.writable_directory("--save", t.save)
     input_files.check_load(t.load)
