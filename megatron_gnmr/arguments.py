@@ -173,6 +173,8 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     for dest, value in namespace.items():
         section, name = dest.split(".", 1)
         values.setdefault(section, {})[name] = value
+    if values.get("checkpoint", {}).get("use_checkpoint_args"):
+        _from_the_checkpoint(values)
     sections = {}
     for section, cls in SECTIONS.items():
         try:
@@ -182,6 +184,34 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     config = RunConfig(**sections)
     check_family(translation, config.model.model_family)
     return config
+
+
+# Megatron-LM's --use-checkpoint-args: the sections that describe the model's shape
+MODEL_SECTIONS = ("model", "mla")
+
+
+def _from_the_checkpoint(values: dict[str, dict]) -> None:
+    """--use-checkpoint-args: every model setting --load's checkpoint recorded, unless given
+    (YAML or flag); one given that disagrees with it is refused, naming both."""
+    from megatron_gnmr.training.checkpoint_choice import recorded_settings
+
+    checkpoint = values["checkpoint"]
+    load = checkpoint.get("load")
+    if load is None:
+        raise UserError("--use-checkpoint-args reads the model from --load's checkpoint: give "
+                        "--load")
+    directory, recorded = recorded_settings(load, checkpoint.get("ckpt_step"))
+    for section in MODEL_SECTIONS:
+        for f, _, _ in _fields(section):
+            flag = flag_name(section, f.name)
+            if flag not in recorded:
+                continue
+            given = values.get(section, {}).get(f.name, recorded[flag])
+            if given != recorded[flag]:
+                raise UserError(f"{flag} {given} disagrees with {directory}'s {flag} "
+                                f"{recorded[flag]} (--use-checkpoint-args reads the model from "
+                                "the checkpoint: drop one)")
+            values.setdefault(section, {})[f.name] = recorded[flag]
 
 
 def _name_the_flag(message: str) -> str:

@@ -110,6 +110,22 @@ class ModelConfig:
     """MoE: how far the expert bias moves per step (megatron's default)."""
     moe_router_load_balancing_type: str = limit("aux_loss",
                                                 choices=("aux_loss", "seq_aux_loss", "none"))
+    moe_router_num_groups: Optional[int] = limit(None, ge=1)
+    """MoE: group-limited routing (DeepSeek-V3's, megatron-core's): the experts split into
+    this many groups, and a token's top-k chosen only within its best --moe-router-group-topk
+    groups (a group scored by the sum of its best top-k / group-topk scores)."""
+    moe_router_group_topk: Optional[int] = limit(None, ge=1)
+    """MoE: the groups a token may route into (with --moe-router-num-groups)."""
+    moe_router_topk_scaling_factor: Optional[float] = limit(None, gt=0)
+    """MoE: the chosen experts' gates scaled by this (DeepSeek-V3's routed scaling factor,
+    2.5); None: not scaled."""
+    moe_router_pre_softmax: bool = False
+    """MoE: softmax over all experts before the top-k (megatron-core's; needed at top-1 with
+    softmax scores), rather than over the chosen ones."""
+    moe_router_dtype: str = limit("fp32", choices=("fp32", "fp64"))
+    """MoE: the router's GEMM and scores in this precision whatever the run's (it is never a
+    unit, so no recipe reaches it): fp32 always here (DeepSeek-V3 keeps its gating high), or
+    fp64."""
     """MoE: aux_loss, seq_aux_loss or none (with --moe-router-enable-expert-bias: none)."""
 
     def __post_init__(self) -> None:
@@ -321,6 +337,10 @@ class CheckpointConfig:
     """Resume without the optimizer's and the LR scheduler's state (Megatron-LM's meaning)."""
     no_load_rng: bool = False
     """Resume without the RNG state (re-derived from the seed, the step and the rank)."""
+    use_checkpoint_args: bool = False
+    """Read the model's settings (every --model and family flag) from --load's checkpoint, as
+    Megatron-LM does to fine-tune a converted checkpoint without restating its shape; a flag
+    given that disagrees with the checkpoint is refused, naming both."""
     ckpt_step: Optional[int] = limit(None, ge=0)
     """Load the checkpoint of this step from --load (Megatron-LM's meaning), and no other: a
     missing or corrupt one is an error, not a fallback."""

@@ -109,9 +109,11 @@ def _moe_fields(config: RunConfig) -> dict:
         "moe_router_score_function": m.moe_router_score_function,
         "moe_router_enable_expert_bias": m.moe_router_enable_expert_bias,
         "moe_router_bias_update_rate": m.moe_router_bias_update_rate,
-        # The router's GEMM and scores in fp32 whatever the run's precision (DeepSeek-V3
-        # keeps the gating in high precision; it is never a unit, so no recipe reaches it).
-        "moe_router_dtype": "fp32",
+        "moe_router_num_groups": m.moe_router_num_groups,
+        "moe_router_group_topk": m.moe_router_group_topk,
+        "moe_router_topk_scaling_factor": m.moe_router_topk_scaling_factor,
+        "moe_router_pre_softmax": m.moe_router_pre_softmax,
+        "moe_router_dtype": m.moe_router_dtype,
         "moe_shared_expert_intermediate_size": m.moe_shared_expert_intermediate_size,
         "moe_token_dispatcher_type": "alltoall",
         "moe_grouped_gemm": False,

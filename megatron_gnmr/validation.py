@@ -192,6 +192,25 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
 
 
 def _validate_router(m) -> None:
+    groups, chosen = m.moe_router_num_groups, m.moe_router_group_topk
+    if (groups is None) != (chosen is None):
+        raise UserError("--moe-router-num-groups and --moe-router-group-topk go together "
+                        "(group-limited routing: the groups, and how many a token may use)")
+    if groups is not None:
+        if m.num_experts % groups:
+            raise UserError(f"--moe-router-num-groups {groups} must divide --num-experts "
+                            f"{m.num_experts}")
+        if chosen > groups:
+            raise UserError(f"--moe-router-group-topk {chosen} must not exceed "
+                            f"--moe-router-num-groups {groups}")
+        if m.moe_router_topk > chosen * (m.num_experts // groups):
+            raise UserError(f"--moe-router-topk {m.moe_router_topk} exceeds the experts of "
+                            f"--moe-router-group-topk {chosen} groups of "
+                            f"{m.num_experts // groups}")
+    if m.moe_router_topk == 1 and m.moe_router_score_function == "softmax" and \
+            not m.moe_router_pre_softmax:
+        raise UserError("--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax "
+                        "(a softmax over one chosen expert is 1: its gradient is zero)")
     if m.moe_router_enable_expert_bias and m.moe_router_score_function != "sigmoid":
         raise UserError("--moe-router-enable-expert-bias needs --moe-router-score-function "
                         "sigmoid (megatron's auxiliary-loss-free balancing is defined on "

@@ -43,10 +43,44 @@ def test_refused_flags_are_named_together_with_their_values_and_reasons():
     assert "--num-layers" not in message.replace("--num-layers-per", "")
 
 
+# Every refused flag with values that mean "the feature off": (flag, a neutral value, a value
+# that turns the feature on), written out from what each feature is (Megatron-LM's parser).
+NEUTRAL_AND_ON = [
+    ("--optimizer", "adam", "sgd"),
+    ("--fp8-amax-history-len", "1", "1024"),
+    ("--fp8-amax-compute-algo", "most_recent", "max"),
+    ("--fp8-margin", "0", "1"),
+    ("--context-parallel-size", "1", "2"),
+    ("--num-virtual-stages-per-pipeline-rank", "1", "2"),
+    ("--expert-tensor-parallel-size", "1", "2"),
+    ("--moe-token-dispatcher-type", "alltoall", "allgather"),
+    ("--mtp-num-layers", "0", "1"),
+]
+
+
 def test_neutral_values_of_a_missing_feature_are_accepted():
+    """Each neutral value is accepted and the value beside it, the feature on, is refused
+    naming it: a rule whose `unless` accepted everything would pass a test of neutral values
+    alone. The pairs cover every rule with an `unless`."""
     config = parse_config(["--context-parallel-size", "1", "--optimizer", "adam",
                            "--moe-token-dispatcher-type", "alltoall", "--use-mcore-models"])
     assert config.model.num_layers == 2
+    assert {flag for flag, _, _ in NEUTRAL_AND_ON} == \
+        {flag for flag, rule in RULES.items() if rule.unless is not None}
+    refused_neutral, accepted_on = [], []
+    for flag, neutral, on in NEUTRAL_AND_ON:
+        try:
+            parse_config([flag, neutral])
+        except UserError:
+            refused_neutral.append(f"{flag} {neutral}")
+        try:
+            parse_config([flag, on])
+        except UserError as error:
+            assert f"{flag} {on} (" in str(error), error
+        else:
+            accepted_on.append(f"{flag} {on}")
+    assert refused_neutral == []
+    assert accepted_on == []
 
 
 def test_values_are_taken_by_megatron_lms_arity():

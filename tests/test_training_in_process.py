@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, TINY, read_jsonl, trace_records, train_losses
+from tests.helpers import (
+    REPO,
+    TINY,
+    pretrain_in_process,
+    read_jsonl,
+    trace_records,
+    train_losses,
+)
 
 RUN = [*TINY, "--train-iters", "6", "--lr-warmup-iters", "1", "--eval-interval", "3",
        "--precision-recipe", "fp8-emulated", "--gnmr", "--gnmr-delta", "1",
@@ -62,3 +69,40 @@ def test_report_and_replay_of_the_run(runs):
                            if k in GNMRConfig.__dataclass_fields__})
     result = replay(trace, config)
     assert result.matches_recorded == len(trace.steps) == 6
+
+
+def test_the_logged_params_norm_and_zero_gradients_against_float64(tmp_path, monkeypatch):
+    """--log-params-norm is the L2 norm of every parameter after the step (float64 over the
+    model's own tensors), --log-num-zeros-in-grad the gradient elements that are exactly zero,
+    counted here over the model's gradients (thousands: the embedding rows of the tokens no
+    sample of the step holds)."""
+    import math
+
+    import torch
+
+    from megatron_gnmr.training import loop
+
+    seen = {}
+    original = loop.Trainer.train_step
+
+    def recording(self, step):
+        metrics = original(self, step)
+        seen[step + 1] = (metrics, math.sqrt(sum(float(p.detach().double().square().sum())
+                                                for chunk in self.model
+                                                for p in chunk.parameters())),
+                          sum(int((p.main_grad if hasattr(p, "main_grad") else p.grad)
+                                  .eq(0).sum()) for chunk in self.model
+                              for p in chunk.parameters()))
+        return metrics
+
+    monkeypatch.setattr(loop.Trainer, "train_step", recording)
+    run = tmp_path / "run"
+    assert pretrain_in_process([*TINY, "--train-iters", "3", "--eval-interval", "3",
+                                "--log-params-norm", "--log-num-zeros-in-grad",
+                                "--save", str(run)]) == 0
+    for step, (metrics, norm, zeros) in seen.items():
+        assert metrics["train/params_norm"] == pytest.approx(norm, rel=1e-6)
+        assert metrics["train/num_zeros_in_grad"] == zeros
+    assert torch.tensor([m["train/params_norm"] for m, _, _ in seen.values()]).unique().numel() \
+        == 3  # it moves with the weights
+    assert all(zeros > 1000 for _, _, zeros in seen.values())

@@ -210,6 +210,31 @@ RULES: dict[str, Rule] = {
     "--profile-step-end": same(),
     "--exit-duration-in-mins": same("checkpoint and exit 0 once the run has lasted this long"),
     "--log-validation-ppl-to-tensorboard": nothing("validation perplexity is always logged"),
+    "--no-check-for-nan-in-loss-and-grad": nothing(
+        "a NaN or Inf in the loss or gradients is never applied here and costs no extra "
+        "synchronisation to find: the step is skipped and reported, and the run stops after "
+        "--gnmr-max-nonfinite-steps such steps in a row (Megatron-LM's check would raise)"),
+    "--moe-permute-fusion": nothing(PERFORMANCE),
+    "--moe-router-force-load-balancing": refused("a benchmarking switch: it routes every "
+                                                 "token at random; drop it"),
+    "--moe-flex-dispatcher-backend": refused("DeepEP/HybridEP (GPU kernels of the flex "
+                                             "dispatcher): the all-to-all dispatcher only; "
+                                             "drop it"),
+    "--mtp-num-layers": refused("multi-token prediction (DeepSeek-V3's MTP modules) is not "
+                                "built here; drop it", unless=lambda v: v in (["0"], [])),
+    "--mtp-loss-scaling-factor": refused("multi-token prediction is not built here; drop it"),
+    "--recompute-modules": refused("selective recompute here recomputes megatron-core's "
+                                   "default module, the core attention; drop it"),
+    "--dist-ckpt-strictness": refused("a load here is strict (every tensor the model needs "
+                                      "from the checkpoint, none unexpected); drop it"),
+    "--log-timers-to-tensorboard": refused("timers are not logged here (step time and "
+                                           "tokens/s are, at every step); drop it"),
+    "--log-memory-to-tensorboard": refused("memory is not logged here (estimate-memory "
+                                           "gives it before a launch); drop it"),
+    "--enable-experimental": refused("megatron-core's experimental features are not used "
+                                     "here; drop it"),
+    "--auto-detect-ckpt-format": nothing("a checkpoint's format is always read off the "
+                                         "checkpoint at a load (torch_dist or torch)"),
     # --- checkpoints beyond --ckpt-format / --no-load-optim / --no-load-rng ---------------
     "--use-dist-ckpt": nothing("torch_dist is the default --ckpt-format"),
     "--ckpt-fully-parallel-save": nothing("torch_dist's save is always fully parallel here "

@@ -70,9 +70,35 @@ class MLAConfig:
     """MLA: the decoupled RoPE part of each query and of the key shared by all heads."""
     v_head_dim: int = limit(128, ge=1)
     """MLA: each head's value width."""
+    rotary_scaling_factor: float = limit(1.0, ge=1)
+    """MLA: YaRN's context extension of the decoupled RoPE by this factor (DeepSeek-V3: 40,
+    megatron-core's YaRN); 1: plain RoPE."""
+    mscale: float = limit(1.0, gt=0)
+    """MLA, YaRN: the attention-scale's mscale (DeepSeek-V3: 1.0)."""
+    mscale_all_dim: float = limit(0.0, ge=0)
+    """MLA, YaRN: mscale over all dimensions (DeepSeek-V3: 1.0)."""
+    yarn_beta_fast: Optional[float] = limit(None, gt=0)
+    """MLA, YaRN: the fast correction bound (None: megatron-core's, 32)."""
+    yarn_beta_slow: Optional[float] = limit(None, gt=0)
+    """MLA, YaRN: the slow correction bound (None: megatron-core's, 1)."""
+    yarn_original_max_position_embeddings: Optional[int] = limit(None, ge=1)
+    """MLA, YaRN: the context length the RoPE was trained for (None: megatron-core's, 4096)."""
 
     def __post_init__(self) -> None:
         check_limits(self, "mla")
+
+
+def _rope(s: MLAConfig) -> dict:
+    """The decoupled RoPE: plain, or YaRN (megatron-core's) with a scaling factor above 1 (a
+    context extension, as DeepSeek-V3 trains; megatron-core's MLA default is YaRN at 40, ours
+    plain RoPE unless asked)."""
+    if s.rotary_scaling_factor == 1.0:
+        return {"rope_type": "rope", "rotary_scaling_factor": 1.0}
+    optional = {"beta_fast": s.yarn_beta_fast, "beta_slow": s.yarn_beta_slow,
+                "original_max_position_embeddings": s.yarn_original_max_position_embeddings}
+    return {"rope_type": "yarn", "rotary_scaling_factor": s.rotary_scaling_factor,
+            "mscale": s.mscale, "mscale_all_dim": s.mscale_all_dim,
+            **{k: v for k, v in optional.items() if v is not None}}
 
 
 class DeepSeekMLA:
@@ -123,9 +149,7 @@ class DeepSeekMLA:
             "q_lora_rank": s.q_lora_rank, "kv_lora_rank": s.kv_lora_rank,
             "qk_head_dim": s.qk_head_dim, "qk_pos_emb_head_dim": s.qk_pos_emb_head_dim,
             "v_head_dim": s.v_head_dim, "qk_layernorm": _latent_norms(config),
-            # plain RoPE on the decoupled part (YaRN is DeepSeek's context extension, a
-            # fine-tuning step; megatron's MLA default)
-            "rope_type": "rope", "rotary_scaling_factor": 1.0}
+            **_rope(s)}
 
     # megatron's local `DotProductAttention` takes no separate key and value widths: the
     # model builder gives the local MLA layer the emulated flash attention as its core

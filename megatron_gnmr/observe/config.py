@@ -24,6 +24,10 @@ class LoggingConfig:
     """Write TensorBoard event files here (same scalar names as W&B)."""
     image_interval: int = limit(100, ge=0)
     """W&B/TensorBoard: log the recovery timeline image every N steps (0: never)."""
+    log_params_norm: bool = False
+    """Log the parameters' L2 norm at every step (`train/params_norm`; Megatron-LM's)."""
+    log_num_zeros_in_grad: bool = False
+    """Log how many gradient elements are exactly zero (`train/num_zeros_in_grad`)."""
     log_all_ranks: bool = False
     """Console lines from every rank (prefixed with the rank), not only rank 0."""
 

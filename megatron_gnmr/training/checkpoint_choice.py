@@ -54,6 +54,18 @@ def newest_format(load: str) -> str | None:
     return candidates[0][1] if candidates else None
 
 
+def recorded_settings(load: str, step: int | None = None) -> tuple[Path, dict]:
+    """The settings the checkpoint `choose` would try first recorded (flag -> value), read
+    from this process's view of the files (not collective: what a command line is completed
+    from before the process group exists; the load itself checks the hashes)."""
+    for directory, kind in _candidates(load, step):
+        if _problem(directory, kind) is None:
+            record = dist_files.read_manifest(directory) if kind == "torch_dist" else \
+                checkpoint.read_meta(directory)
+            return directory, record.get("settings") or {}
+    raise UserError(f"--load {load}: no complete checkpoint there to read its settings from")
+
+
 def _problem(directory: Path, kind: str) -> str | None:
     return dist_files.problem_on_disk(directory) if kind == "torch_dist" else \
         checkpoint.intact_on_disk(directory)

@@ -77,6 +77,7 @@ from megatron_gnmr.training.finetune import load_base_weights
 from megatron_gnmr.training.lr_schedule import build_scheduler
 from megatron_gnmr.training.memory_estimate import GIB
 from megatron_gnmr.training.memory_estimate import estimate as estimate_memory
+from megatron_gnmr.training.optimizer_stats import params_norm, zeros_in_grad
 from megatron_gnmr.training.overlap import CommunicationOverlap
 from megatron_gnmr.training.plain_step import PlainStep
 from megatron_gnmr.training.resume import RunCheckpoints
@@ -256,6 +257,9 @@ class Trainer:
         self.faults.corrupt_gradients(step + 1)
         loss = _reduce_loss(losses)
         outcome = self.controller.after_backward(step + 1, self.optimizer, loss)
+        stats, asked = self.config.logging, {}  # Megatron-LM's optional statistics
+        if stats.log_num_zeros_in_grad:  # the gradients as the update will read them
+            asked["train/num_zeros_in_grad"] = zeros_in_grad(self.optimizer)
         applied = outcome.apply and self.optimizer.step_with_ready_grads()
         if applied:  # as megatron: a skipped update does not advance the LR schedule
             self.scheduler.step(increment=self.config.training.global_batch_size)
@@ -264,9 +268,11 @@ class Trainer:
             self._nonfinite(step + 1, outcome.nonfinite)
         else:
             self.state.nonfinite_streak = 0
+        if stats.log_params_norm:
+            asked["train/params_norm"] = params_norm(self.optimizer)
         self._run_monitors(step + 1)
         return {"train/loss": loss, "train/grad_norm": outcome.grad_norm,
-                "train/skipped": int(not applied), **spent,
+                "train/skipped": int(not applied), **spent, **asked,
                 **self.controller.decide(step + 1, self.monitors.alarmed())}
 
     def _nonfinite(self, step: int, names: tuple[str, ...]) -> None:
