@@ -142,13 +142,62 @@ def test_a_run_summary_from_its_logs(tmp_path):
     assert result["loss_every_25_steps"] == {"6": 4.5}
 
 
+EARLY_BUDGET = 0.326  # the early loop's measured share of unit-steps (the scenario's note)
+MEASURED = "attention_error,fp8_underflow,fp8_mse"  # what every --gnmr arm traces for replay
+# The risk signal each rule's name stands for: the loop's code path (its twin, and the trend
+# model) reads the monitors, the early detector the attention's delta error.
+SIGNAL_OF = {"loop-no-budget": "monitor", "loop-trend": "monitor",
+             "loop-early": "attention_error", "loop-early-cycle": "attention_error",
+             "autoswitch": "autoswitch", "random": "random", "gnmr": "gnmr"}
+
+
+def named_control(arm: str) -> dict[str, object]:
+    """What an arm's name says of its control, as config fields: the fault is off in the
+    no-fault arms and otherwise the scenario's (1 bit); the rest of the name is the rule."""
+    rule = arm.removeprefix("no-fault-")
+    said = {"training.attention_fault_bits": 0 if rule != arm else 1,
+            "gnmr.enabled": rule != "no-control", "precision.precision_static": "low"}
+    if rule == "exact-attention":
+        return {**said, "precision.precision_static": "recovery"}
+    if rule != "no-control":
+        named = rule.removesuffix("-at-early-budget")
+        assert named in SIGNAL_OF, f"{arm}: say here what this arm's name means"
+        said["gnmr.signals"] = SIGNAL_OF[named]
+    if rule == "loop-no-budget":
+        said["gnmr.max_o"] = 0
+    if rule.startswith("loop-early"):  # held once alarmed; the cycle releases it
+        said["gnmr.attention_error_hold"] = 0 if rule.endswith("-cycle") else -1
+    if rule.endswith("-at-early-budget"):
+        said["gnmr.budget_rate"] = EARLY_BUDGET
+    return said
+
+
+def _field(config, dotted: str):
+    section, name = dotted.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _outside_control(config) -> dict:
+    """The run but for its control (the gnmr section, --precision-static), its fault and its
+    run directory: the model, data, seed and schedule."""
+    values = config.to_dict()
+    del values["gnmr"], values["precision"]["precision_static"]
+    del values["training"]["attention_fault_bits"], values["checkpoint"]["save"]
+    return values
+
+
 def test_every_arm_of_the_closed_loop_scenario_is_a_valid_run(tmp_path):
+    """Every arm is a valid run whose flags do what its name says (the fault off in the
+    no-fault arms, the rule it names, a budget where it names one), and every arm differs
+    from its twin (loop-no-budget, same seed) only in its control and, named, its fault: the
+    same model, data, seed and schedule, so a comparison with the twin is one of rules."""
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.experiments.scenario import load_scenario
     from megatron_gnmr.validation import validate
 
     scenario = load_scenario("attention_closed_loop")
     assert len(scenario.seeds) >= 16
+    configs = {}
     for variant, seed, flags in scenario.runs(smoke=False):
         config = parse_config([*flags, "--save", str(tmp_path / f"{variant}-{seed}")])
         validate(config, world_size=1)  # (reproduce gives each run its --save)
@@ -156,6 +205,20 @@ def test_every_arm_of_the_closed_loop_scenario_is_a_valid_run(tmp_path):
         assert config.precision.attention_precision == "fp8"
         if config.gnmr.enabled:  # the same units for every rule
             assert config.gnmr.units == "core_attention", variant
+            assert config.gnmr.measure == MEASURED, variant
+        assert config.training.seed == seed
+        configs[variant, seed] = config
+    assert {"loop-no-budget", "no-control", "exact-attention"} <= set(scenario.variants)
+    for (variant, seed), config in configs.items():
+        said = named_control(variant)
+        assert {name: _field(config, name) for name in said} == said, variant
+        if variant.startswith("random"):  # a random rule spends by a budget
+            assert config.gnmr.budget_rate > 0, variant
+        assert _outside_control(config) == _outside_control(configs["loop-no-budget", seed]), \
+            variant
+        if variant.startswith("no-fault-") and config.gnmr.enabled:  # the faulted arm's rule
+            faulted = configs[variant.removeprefix("no-fault-"), seed]
+            assert config.gnmr == faulted.gnmr, variant
 
 
 def test_healthy_arms_have_a_table_of_their_own():

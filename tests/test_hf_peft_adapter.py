@@ -83,3 +83,39 @@ def test_an_adapter_of_a_run_without_lora_is_refused(base, tmp_path, capfd):
     assert cli("export-hf", str(base / "run"), str(tmp_path / "out"), "--adapter") == 2
     assert "not a LoRA run" in capfd.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+@pytest.mark.parametrize("defect", ["gate_up_swapped", "b_scaled"])
+def test_a_planted_defect_in_the_adapter_breaks_the_bound(base, defect, tmp_path):
+    """The judge can fail: the every-linear run's adapter with fc1's gate and up B swapped
+    (what a wrong split of the fused [gate; up] linear gives), or every B scaled by 1.5 (a
+    wrong alpha / r), is far outside the bound against the merged run."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from megatron_gnmr.interop.hf import judge
+
+    run = base / "all_lora"
+    if not (base / "all_adapter").exists():  # run alone: make what the test above makes
+        assert pretrain_in_process([*FAST, *LORA, "--load", str(base / "run"),
+                                    "--save", str(run)]) == 0
+        assert cli("merge-lora", str(run), "--out", str(base / "all_merged")) == 0
+        check_adapter_against_merged(base, run, "all")
+    planted = tmp_path / "planted"
+    shutil.copytree(base / "all_adapter", planted)
+    weights = load_file(str(planted / "adapter_model.safetensors"))
+    if defect == "gate_up_swapped":
+        gates = [k for k in weights if ".gate_proj.lora_B." in k]
+        assert gates
+        for gate in gates:
+            up = gate.replace(".gate_proj.", ".up_proj.")
+            weights[gate], weights[up] = weights[up], weights[gate]
+    else:
+        weights = {k: v * 1.5 if ".lora_B." in k else v for k, v in weights.items()}
+    save_file(weights, str(planted / "adapter_model.safetensors"))
+    ids = tokens(4096)
+    merged = judge.logits(judge.load(base / "all_merged_hf"), ids)
+    gap = relative_gap(peft_logits(base / "hf", planted, ids), merged)
+    print(f"\n{defect}: planted adapter vs merged: {gap:.2e} (bound {BOUND:.0e})")
+    assert gap > 100 * BOUND

@@ -117,13 +117,59 @@ def test_the_blend_forms_read_as_megatron_core_reads_them(blend, tmp_path):
     del SimpleNamespace
 
 
+def _indexed_text(prefix) -> tuple[str, int]:
+    """A prepared file's documents as megatron-core's IndexedDataset reads them, one character
+    per token id (so a run of tokens is found by substring search), and the end-of-document
+    id every document ends with."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    documents = [doc.tolist() for doc in IndexedDataset(str(prefix))]
+    eod = documents[0][-1]
+    assert all(doc[-1] == eod for doc in documents)
+    return "".join(chr(token) for doc in documents for token in doc), eod
+
+
+def _runs(sample: list[int], eod: int) -> list[str]:
+    """A sample's stretches between end-of-document tokens: each lies inside one document."""
+    return [run for run in "".join(map(chr, sample)).split(chr(eod)) if run]
+
+
+def _origin_mismatches(samples: list[list[int]], own: str, other: str, eod: int) -> list[int]:
+    """The samples that are not made of `own`'s documents alone, or that `other` could have
+    given as well (then the check would tell nothing)."""
+    return [i for i, sample in enumerate(samples)
+            if not all(run in own for run in _runs(sample, eod))
+            or all(run in other for run in _runs(sample, eod))]
+
+
 def test_per_split_paths_train_and_validate_on_their_own_data(blend, tmp_path):
+    """What the training reader and the validation reader read, found in the prepared files:
+    every stretch of every training sample is a stretch of a document of --train-data-path
+    (and not all of it is in --valid-data-path's), and the other way round for validation;
+    decoded, training reads the capitals of a and validation the small letters of b."""
+    from tokenizers import Tokenizer
+
+    readers: dict[int, list] = {}
     run = tmp_path / "run"
     _train([*TINY, "--train-iters", "3", "--eval-interval", "3", "--train-data-path",
             str(blend / "a_text_document"), "--valid-data-path", str(blend / "b_text_document"),
             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(HF),
-            "--save", str(run)])
+            "--save", str(run)], readers)
     assert any("valid/loss" in r for r in read_jsonl(run / "metrics.jsonl"))
+    # readers in the order they first read: training from step 1, validation at step 3
+    assert len(readers) == 2
+    train, valid = readers.values()
+    assert len(train) >= 3 * 8 and len(valid) >= 2 * 8  # --train-iters, --eval-iters
+    a, eod = _indexed_text(blend / "a_text_document")
+    b, b_eod = _indexed_text(blend / "b_text_document")
+    assert eod == b_eod
+    assert _origin_mismatches(train, own=a, other=b, eod=eod) == []
+    assert _origin_mismatches(valid, own=b, other=a, eod=eod) == []
+    decode = Tokenizer.from_file(str(HF / "tokenizer.json")).decode
+    for samples, capitals in ((train, True), (valid, False)):
+        for text in map(decode, samples):
+            upper, lower = sum(c.isupper() for c in text), sum(c.islower() for c in text)
+            assert (upper > 0 and lower == 0) if capitals else (lower > 0 and upper == 0), text
 
 
 def test_mock_data_with_a_null_tokenizer_pads_the_vocabulary_as_megatron_lm(tmp_path):

@@ -72,6 +72,37 @@ def reshard_misplaced():
         run.load = load
 
 
+@contextlib.contextmanager
+def optimizer_state_misplaced():
+    """A resume that misplaces the optimizer's shards: after a torch_dist load, the Adam
+    moments of the largest parameter this rank holds (the embedding's) have their halves
+    swapped, as a reshard that put one DP or EP rank's part where another's belongs would
+    leave them. The weights themselves load right."""
+    from megatron_gnmr.training.torch_dist import run
+
+    load = run.load
+
+    def misplaced(trainer, *args, **kwargs):
+        notes = load(trainer, *args, **kwargs)
+        parts = getattr(trainer.optimizer, "chained_optimizers", [trainer.optimizer])
+        states = [state for part in parts for state in part.optimizer.state.values()
+                  if "exp_avg" in state]
+        state = max(states, key=lambda s: s["exp_avg"].numel())
+        with torch.no_grad():
+            for name in ("exp_avg", "exp_avg_sq"):
+                flat = state[name].view(-1)
+                half = flat.numel() // 2
+                flat.copy_(torch.cat([flat[half:2 * half], flat[:half], flat[2 * half:]]))
+        return notes
+
+    run.load = misplaced
+    try:
+        yield
+    finally:
+        run.load = load
+
+
 DEFECTS = {"probe_partial_dropped": probe_partial_dropped,
            "probe_sums_averaged": probe_sums_averaged,
-           "reshard_misplaced": reshard_misplaced}
+           "reshard_misplaced": reshard_misplaced,
+           "optimizer_state_misplaced": optimizer_state_misplaced}

@@ -58,6 +58,8 @@ CASES = {
 }
 
 WORLD_OF_ONE = ("dp2_to_dp1", "dp2_to_dp1_distopt")
+# the reshards of the distributed optimizer's state, checked against a planted misplacement
+OPTIMIZER_MISPLACED = ("dp2_to_dp1_distopt", "ep2_to_ep1_distopt")
 
 
 def _args(case: str, side: int, run, steps: int) -> list[str]:
@@ -74,14 +76,23 @@ def resumed(tmp_path_factory):
               [[*_args(c, 0, root / c / "resumed", full), "--exit-interval", str(FIRST)]
                for c in CASES], nproc=2)
     shutil.copytree(root / "tp2_to_tp1" / "resumed", root / "tp2_to_tp1" / "misplaced")
+    for case in OPTIMIZER_MISPLACED:
+        shutil.copytree(root / case / "resumed", root / case / "optimizer_misplaced")
+
+    def planted(case, defect, name):
+        return {"argv": [*_args(case, 1, root / case / name, full), "--resume", "auto",
+                         "--override-opt-param-scheduler"], "defect": defect}
+
     run_batch([[*_args(c, 1, root / c / "resumed", full), "--resume", "auto",
                 "--override-opt-param-scheduler"] for c in CASES if c not in WORLD_OF_ONE]
-              + [{"argv": [*_args("tp2_to_tp1", 1, root / "tp2_to_tp1" / "misplaced", full),
-                           "--resume", "auto", "--override-opt-param-scheduler"],
-                  "defect": "reshard_misplaced"}], nproc=2)
+              + [planted("tp2_to_tp1", "reshard_misplaced", "misplaced")]
+              + [planted(c, "optimizer_state_misplaced", "optimizer_misplaced")
+                 for c in OPTIMIZER_MISPLACED if c not in WORLD_OF_ONE], nproc=2)
     for case in WORLD_OF_ONE:
         run_pretrain([*_args(case, 1, root / case / "resumed", full), "--resume", "auto"],
                      new_process=True)
+    run_batch([planted(c, "optimizer_state_misplaced", "optimizer_misplaced")
+               for c in OPTIMIZER_MISPLACED if c in WORLD_OF_ONE], nproc=1)
     return root
 
 
@@ -159,6 +170,18 @@ def test_a_dp_reshardable_optimizer_refuses_a_tp_change_in_one_line(tmp_path, ca
     assert sorted(p.name for p in run.iterdir()) == before
     assert pretrain_in_process([*target, "--no-load-optim"]) == 0
     assert max(train_losses(run)) == 12
+
+
+@pytest.mark.parametrize("case", OPTIMIZER_MISPLACED)
+def test_a_misplaced_optimizer_shard_breaks_the_bound(resumed, case):
+    """The check can fail for the optimizer's state too: the same DP and EP reshards with the
+    largest parameter's Adam moments misplaced after the load (tests/distributed/defects.py)
+    drift by far more than the bound, while the correct reshard stays within it."""
+    straight = train_losses(resumed / case / "straight")
+    again = train_losses(resumed / case / "optimizer_misplaced")
+    drift = max(abs(again[s] - straight[s]) / straight[s]
+                for s in range(FIRST + 1, FIRST + MORE + 1))
+    assert drift > 10 * BOUND, drift
 
 
 def test_sigterm_mid_run_saves_that_step_and_exits_zero(tmp_path):
