@@ -80,6 +80,16 @@ def test_activations_track_what_autograd_saves(world_of_one):
     for name in ("none", "selective"):
         assert 0.7 * measured[name] <= estimated[name] <= 1.1 * measured[name], (name, measured,
                                                                                 estimated)
+    # Full recompute: what a forward saves (each layer's input, the logits) is the estimate
+    # without the one layer the backward rebuilds at a time, and that layer is what a layer
+    # saves without recompute (the measured difference per layer, plus its input).
+    config = parse_config([*MODEL, *RECOMPUTE["full"]])
+    world_of_one(config)
+    rebuilt = estimate(config, 1).recompute_peak
+    forward = estimated["full"] - rebuilt
+    assert 0.7 * measured["full"] <= forward <= 1.1 * measured["full"], (measured, forward)
+    per_layer = (measured["none"] - measured["full"]) / config.model.num_layers
+    assert 0.7 * per_layer <= rebuilt <= 1.3 * per_layer, (per_layer, rebuilt)
     assert measured["full"] < measured["selective"] < measured["none"]
     assert estimated["full"] < estimated["selective"] < estimated["none"]
 

@@ -39,6 +39,7 @@ class MemoryEstimate:
     optimizer: float
     activations: float  # at the peak of a step, on the busiest stage
     activation_note: str
+    recompute_peak: float  # full recompute: the one layer rebuilt at a time (in activations)
     note: str  # the layout in words
 
     @property
@@ -68,7 +69,8 @@ def estimate(config, world_size: int) -> MemoryEstimate:
     dense_share = 1 / dp if p.use_distributed_optimizer else 1
     expert_share = 1 / max(dp // ep, 1) if p.use_distributed_optimizer else 1
     microbatches = max(t.global_batch_size // (t.micro_batch_size * dp), 1)
-    activations, activation_note = _activations(config, in_flight=min(pp, microbatches))
+    activations, activation_note, recompute_peak = _activations(
+        config, in_flight=min(pp, microbatches))
     note = (f"TP={tp} PP={pp} DP={dp}" + (f" EP={ep}" if m.num_experts else "")
             + (", SP" if p.sequence_parallel else "")
             + (", distributed optimizer" if p.use_distributed_optimizer else "")
@@ -78,7 +80,8 @@ def estimate(config, world_size: int) -> MemoryEstimate:
         weights=(dense + experts) * weight_bytes,
         gradients=(dense + experts) * 4,
         optimizer=optimizer_bytes * (dense * dense_share + experts * expert_share),
-        activations=activations, activation_note=activation_note, note=note)
+        activations=activations, activation_note=activation_note,
+        recompute_peak=recompute_peak, note=note)
 
 
 def parameters_per_rank(config) -> tuple[int, int]:
@@ -114,8 +117,9 @@ def parameters_per_rank(config) -> tuple[int, int]:
         else (last, last_experts)
 
 
-def _activations(config, in_flight: int) -> tuple[float, str]:
-    """Bytes at the peak of a step on the busiest stage, and how they were counted."""
+def _activations(config, in_flight: int) -> tuple[float, str, float]:
+    """Bytes at the peak of a step on the busiest stage, how they were counted, and the part
+    that is one layer rebuilt by full recompute in the backward."""
     m, p, t = config.model, config.parallel, config.training
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
     s, b, h, f = m.seq_length, t.micro_batch_size, m.hidden_size, m.ffn_hidden_size
@@ -148,4 +152,4 @@ def _activations(config, in_flight: int) -> tuple[float, str]:
     note = f"{b} x {s} tokens per micro-batch"
     if pp > 1:
         note += f", the first stage holds {in_flight} in flight"
-    return max(first, last), note
+    return max(first, last), note, recomputing
