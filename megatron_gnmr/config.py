@@ -67,6 +67,12 @@ class ModelConfig:
     """The longest sequence the model is built for (None: --seq-length); RoPE tables."""
     rotary_base: int = limit(10000, gt=0)
     """RoPE base."""
+    use_rope_scaling: bool = False
+    """Llama 3.1+'s RoPE frequency scaling (megatron-core's: the low frequencies slowed by
+    --rope-scaling-factor, with Llama 3's fixed bands: low/high frequency factors 1 and 4 over
+    an original 8,192-token context)."""
+    rope_scaling_factor: float = limit(8.0, ge=1)
+    """--use-rope-scaling: the factor (Llama 3.1: 8, Llama 3.2: 32)."""
     init_method_std: float = limit(0.02, gt=0)
     """Std of the normal weight initialisation."""
     norm_epsilon: float = limit(1e-5, gt=0)

@@ -164,6 +164,8 @@ def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: i
         share_embeddings_and_output_weights=False,
         position_embedding_type="rope",
         rotary_base=config.model.rotary_base,
+        rope_scaling=config.model.use_rope_scaling,
+        rope_scaling_factor=config.model.rope_scaling_factor,
     )
     if config.precision.moe_dispatch_quant:
         from megatron_gnmr.precision.dispatch import install_dispatch_quantization

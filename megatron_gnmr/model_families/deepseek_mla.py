@@ -124,6 +124,10 @@ class DeepSeekMLA:
 
     def check(self, config) -> None:
         m, s, tp = config.model, config.mla, config.parallel.tensor_model_parallel_size
+        if m.use_rope_scaling:
+            raise UserError("--use-rope-scaling is Llama 3's scaling of plain RoPE; multi-latent "
+                            "attention's decoupled RoPE scales with YaRN "
+                            "(--rotary-scaling-factor)")
         if m.num_query_groups not in (None, m.num_attention_heads):
             raise UserError(f"--num-query-groups {m.num_query_groups}: multi-latent attention "
                             "has one key per head (its keys share a latent instead); leave it "

@@ -24,7 +24,10 @@ import yaml
 
 from megatron_gnmr.errors import UserError
 
-ARCHITECTURE = "LlamaForCausalLM"
+# The LLaMA family's classes: Llama's, and Mistral's (Llama's layers; its sliding window, the
+# one difference, is refused by name)
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+MODEL_TYPES = ("llama", "mistral")
 
 
 def read_hf(hf_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -40,9 +43,9 @@ def read_hf(hf_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"{where}: config.json is not JSON ({error})") from None
     architectures = hf.get("architectures") or [hf.get("model_type")]
-    if ARCHITECTURE not in architectures and hf.get("model_type") != "llama":
+    if not set(ARCHITECTURES) & set(architectures) and hf.get("model_type") not in MODEL_TYPES:
         raise UserError(f"{where}: architecture {architectures[0]!r} is not built here "
-                        f"(import-hf reads {ARCHITECTURE})")
+                        f"(import-hf reads {' or '.join(ARCHITECTURES)})")
     index = hf_dir / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) \
         if index.is_file() else ["model.safetensors"]
@@ -146,7 +149,8 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
     (partial / "model.yaml").write_text(yaml.safe_dump(
         {"model": model_section, "data": data_section}, sort_keys=False))
     (partial / "imported_from.json").write_text(json.dumps(
-        {"huggingface": str(source.resolve()), "architecture": ARCHITECTURE}, indent=2))
+        {"huggingface": str(source.resolve()),
+         "architecture": (hf.get("architectures") or [hf.get("model_type")])[0]}, indent=2))
     if out.exists():
         out.rmdir()
     partial.replace(out)
@@ -154,7 +158,8 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("hf_dir", help="a Hugging Face model directory (LlamaForCausalLM: "
+    parser.add_argument("hf_dir", help="a Hugging Face model directory (LlamaForCausalLM or "
+                        "MistralForCausalLM without a sliding window: "
                         "config.json, safetensors weights, tokenizer)")
     parser.add_argument("out_dir", help="the checkpoint directory to write (new)")
 

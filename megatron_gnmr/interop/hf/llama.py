@@ -83,7 +83,9 @@ def hf_config(config, padded_vocab_size: int, tokenizer, dtype: str) -> dict:
         "hidden_act": "silu", "max_position_embeddings": m.max_position_embeddings or
         m.seq_length, "rms_norm_eps": m.norm_epsilon, "initializer_range": m.init_method_std,
         "rope_theta": float(m.rotary_base),
-        "rope_parameters": {"rope_theta": float(m.rotary_base), "rope_type": "default"},
+        "rope_parameters": {"rope_theta": float(m.rotary_base), **(
+            {"rope_type": "llama3", **LLAMA3_BANDS, "factor": m.rope_scaling_factor}
+            if m.use_rope_scaling else {"rope_type": "default"})},
         "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
         "attention_dropout": m.attention_dropout, "use_cache": True,
         "bos_token_id": getattr(tokenizer, "bos", None),
@@ -91,6 +93,30 @@ def hf_config(config, padded_vocab_size: int, tokenizer, dtype: str) -> dict:
         "pad_token_id": tokenizer.pad if tokenizer.pad >= 0 else None,
         "torch_dtype": dtype, "dtype": dtype,
     }
+
+
+# Llama 3's RoPE scaling as megatron-core builds it (`RotaryEmbedding._apply_scaling`): only
+# the factor is a setting; every published Llama 3.1-3.3 checkpoint has these bands
+LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+
+def _rope_scaling(rope: dict, where: str) -> dict:
+    """Our model values for a Hugging Face rope config: plain, or llama3 with megatron-core's
+    bands (anything else refused by name)."""
+    from megatron_gnmr.errors import UserError
+
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in ("default", None):
+        return {}
+    if kind != "llama3":
+        raise UserError(f"{where}: rope type {kind!r} is not built by the llama family (plain "
+                        "RoPE, or llama3's frequency scaling)")
+    for key, value in LLAMA3_BANDS.items():
+        if key in rope and float(rope[key]) != value:
+            raise UserError(f"{where}: rope {key} {rope[key]}: megatron-core's llama3 scaling "
+                            f"has {value} (only the factor is a setting)")
+    return {"use_rope_scaling": True, "rope_scaling_factor": float(rope.get("factor", 8.0))}
 
 
 UNSUPPORTED = {  # Hugging Face settings this family cannot build -> what it builds instead
@@ -107,13 +133,15 @@ def model_flags(hf: dict, where: str) -> dict:
     for key, (bad, ours) in UNSUPPORTED.items():
         if hf.get(key) == bad:
             raise UserError(f"{where}: {key} {bad} is not built by the llama family ({ours})")
+    if hf.get("sliding_window") is not None:
+        raise UserError(f"{where}: sliding_window {hf['sliding_window']}: the llama family's "
+                        "attention is full causal attention (a Mistral without a sliding "
+                        "window imports)")
     if hf.get("hidden_act", "silu") != "silu":
         raise UserError(f"{where}: hidden_act {hf['hidden_act']!r}: the llama family's MLP is "
                         "SwiGLU (silu)")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-        raise UserError(f"{where}: rope type {rope.get('rope_type', rope.get('type'))!r} "
-                        "(RoPE frequency scaling) is not built; only plain RoPE")
+    scaling = _rope_scaling(rope, where)
     try:
         heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
         return {
@@ -125,6 +153,7 @@ def model_flags(hf: dict, where: str) -> dict:
             "rotary_base": int(float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))),
             "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
             "init_method_std": float(hf.get("initializer_range", 0.02)),
+            **scaling,
         }
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"{where}: not a complete LLaMA config ({type(error).__name__}: "
