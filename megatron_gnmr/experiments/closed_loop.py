@@ -137,8 +137,8 @@ def variant_rows(table: dict[str, dict[int, dict]]) -> list[dict]:
 
 
 def comparisons(table: dict[str, dict[int, dict]]) -> list[dict]:
-    """Each loop against each other arm: Fisher's one-sided p that the loop fails (and
-    diverges) less often."""
+    """Each loop against each other arm: Fisher's one-sided p in both directions, that the
+    loop fails (and diverges) less often, and that the other arm does."""
     verdicts = outcomes(table)
     rows = []
     for loop in (v for v in LOOPS if v in table):
@@ -152,7 +152,9 @@ def comparisons(table: dict[str, dict[int, dict]]) -> list[dict]:
                 a = sum(v[name] for v in mine.values())
                 b = sum(v[name] for v in theirs.values())
                 row[name] = f"{a}/{len(mine)} vs {b}/{len(theirs)}, p = " \
-                            f"{fisher_one_sided(a, len(mine), b, len(theirs)):.3g}"
+                            f"{fisher_one_sided(a, len(mine), b, len(theirs)):.3g} (the loop " \
+                            f"less), {fisher_one_sided(b, len(theirs), a, len(mine)):.3g} " \
+                            "(the other less)"
             rows.append(row)
     return rows
 
