@@ -367,13 +367,6 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "checkpoint")
-        if self.save is None and self.save_interval:
-            raise UserError("--save-interval needs --save DIR")
-        if self.resume == "auto" and self.save is None:
-            raise UserError("--resume auto needs --save DIR (it resumes from that directory)")
-        if self.overwrite and (self.save is None or self.resume == "auto"):
-            raise UserError("--overwrite starts a new run in --save DIR (deleting its "
-                            "checkpoints); it needs --save and contradicts --resume auto")
         if self.distrib_optim_fully_reshardable_mem_efficient and \
                 not self.dist_ckpt_optim_fully_reshardable:
             raise UserError("--distrib-optim-fully-reshardable-mem-efficient is a way of "

@@ -292,6 +292,16 @@ def validate_lora(config: RunConfig) -> None:
 def validate_run(config: RunConfig) -> None:
     """--save, --load, --resume, --overwrite."""
     t = config.checkpoint
+    # --save comes at launch: the configs are templates that set an interval and --resume
+    # auto without a directory (estimate-memory reads them as they are), so a run starting
+    # is where it must be there
+    if t.save is None and t.save_interval:
+        raise UserError("--save-interval needs --save DIR")
+    if t.resume == "auto" and t.save is None:
+        raise UserError("--resume auto needs --save DIR (it resumes from that directory)")
+    if t.overwrite and (t.save is None or t.resume == "auto"):
+        raise UserError("--overwrite starts a new run in --save DIR (deleting its checkpoints);"
+                        " it needs --save and contradicts --resume auto")
     # the format's default is LoRA's choice (RunConfig): checked here, across the sections
     if (t.async_save or t.ckpt_fully_parallel_load or t.dist_ckpt_optim_fully_reshardable) and \
             t.ckpt_format != "torch_dist":

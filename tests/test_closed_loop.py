@@ -72,10 +72,13 @@ def test_a_run_that_left_its_twin_before_recovering_is_counted():
 
 def test_the_comparisons_by_hand():
     rows = {(r["loop"], r["against"]): r for r in comparisons(TABLE)}
-    # failed 2/3 vs 3/3: 5 failures in 6 runs; P(X <= 2) = C(3,2) C(3,3) / C(6,5) = 0.5
-    assert rows[("loop-early", "no-control")]["failed"] == "2/3 vs 3/3, p = 0.5"
-    # diverged 1/3 vs 3/3: 4 in 6; P(X <= 1) = C(3,1) C(3,3) / C(6,4) = 3 / 15
-    assert rows[("loop-early", "no-control")]["diverged"] == "1/3 vs 3/3, p = 0.2"
+    # failed 2/3 vs 3/3: 5 failures in 6 runs; P(X <= 2) = C(3,2) C(3,3) / C(6,5) = 0.5, and
+    # the other direction P(X >= 2) = 1 (the other arm holds at most 3 of the 5)
+    assert rows[("loop-early", "no-control")]["failed"] == \
+        "2/3 vs 3/3, p = 0.5 (the loop less), 1 (the other less)"
+    # diverged 1/3 vs 3/3: 4 in 6; P(X <= 1) = C(3,1) C(3,3) / C(6,4) = 3 / 15; P(X >= 1) = 1
+    assert rows[("loop-early", "no-control")]["diverged"] == \
+        "1/3 vs 3/3, p = 0.2 (the loop less), 1 (the other less)"
     assert ("loop-early", "exact-attention") not in rows
 
 

@@ -239,9 +239,10 @@ BAD_IMPORTS = {
     "vocabulary_too_big": (lambda d: _shrink_embedding(d, 512), "600 tokens"),
     "pickled_weights": (lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
                         "pytorch_model.bin"),
-    "scaled_rope": (lambda d: _edit_config(d, rope_parameters={"rope_type": "llama3",
-                                                                "rope_theta": 10000.0}),
-                    "llama3"),
+    "yarn_rope": (lambda d: _edit_config(d, rope_parameters={"rope_type": "yarn",
+                                                              "rope_theta": 10000.0,
+                                                              "factor": 4.0}), "'yarn'"),
+    "sliding_window": (lambda d: _edit_config(d, sliding_window=256), "sliding_window 256"),
     "biased_attention": (lambda d: _edit_config(d, attention_bias=True), "attention_bias"),
 }
 

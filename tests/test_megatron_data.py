@@ -43,27 +43,39 @@ def blend(tmp_path_factory):
 
 def _train(args: list[str], read: dict | None = None):
     """The entry point in this process; `read`: every sample each reader reads (by reader:
-    training, validation), filled in."""
+    "training", "validation": read while the trainer evaluates; no reading threads, so
+    without --num-workers a read happens where its step or evaluation asks for it), filled
+    in."""
     sys.path.insert(0, str(REPO))
     try:
         from pretrain_llama import main
     finally:
         sys.path.remove(str(REPO))
     from megatron_gnmr.data.datasets import BatchReader
+    from megatron_gnmr.training.loop import Trainer
 
-    original = BatchReader._micro_batch
+    original, evaluate = BatchReader._micro_batch, Trainer.evaluate
+    evaluating = []
 
     def recording(self, step, micro):
         batch = original(self, step, micro)
         if read is not None:
-            read.setdefault(id(self), []).extend(batch["tokens"].tolist())
+            reader = "validation" if evaluating else "training"
+            read.setdefault(reader, []).extend(batch["tokens"].tolist())
         return batch
 
-    BatchReader._micro_batch = recording
+    def flagged(self):
+        evaluating.append(self)
+        try:
+            return evaluate(self)
+        finally:
+            evaluating.pop()
+
+    BatchReader._micro_batch, Trainer.evaluate = recording, flagged
     try:
         return main(args)
     finally:
-        BatchReader._micro_batch = original
+        BatchReader._micro_batch, Trainer.evaluate = original, evaluate
 
 
 def test_a_weighted_blend_with_a_hugging_face_tokenizer_draws_its_weights(blend, tmp_path):
@@ -156,10 +168,8 @@ def test_per_split_paths_train_and_validate_on_their_own_data(blend, tmp_path):
             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(HF),
             "--save", str(run)], readers)
     assert any("valid/loss" in r for r in read_jsonl(run / "metrics.jsonl"))
-    # readers in the order they first read: training from step 1, validation at step 3
-    assert len(readers) == 2
-    train, valid = readers.values()
-    assert len(train) >= 3 * 8 and len(valid) >= 2 * 8  # --train-iters, --eval-iters
+    train, valid = readers["training"], readers["validation"]
+    assert len(train) == 3 * 8 and len(valid) >= 2 * 8  # --train-iters, --eval-iters
     a, eod = _indexed_text(blend / "a_text_document")
     b, b_eod = _indexed_text(blend / "b_text_document")
     assert eod == b_eod

@@ -24,7 +24,8 @@ def smoke(tmp_path_factory):
 
 
 def test_every_scenario_is_listed():
-    assert available() == ["act_quant_stress", "attention_closed_loop", "attention_fault",
+    assert available() == ["act_quant_stress", "attention_closed_loop", "attention_detection",
+                           "attention_detection_heldout", "attention_fault",
                            "combined_faults",
                            "deepseek_hierarchy", "frontier_act_quant", "frontier_nvfp4_noise",
                            "frontier_w3a3", "frontier_w4a4", "frontier_w8a2", "lora_int8",

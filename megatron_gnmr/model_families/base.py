@@ -58,6 +58,15 @@ class ModelFamily(Protocol):
     name: str
     """Its `--model-family` value."""
 
+    hf: Any = None
+    """The family's Hugging Face mapping, or None (export-hf and import-hf refuse the family
+    by name). It says which transformers classes it reads and writes (`architectures`,
+    `model_types`) and maps both ways, on full state dicts and config dicts: `to_hf`,
+    `from_hf`, `hf_config`, `model_flags` (our model section from Hugging Face's config),
+    `exportable` (a UserError naming what the classes cannot express), and for the PEFT
+    adapter `projections` (each unit linear's Hugging Face projections, in its weight's row
+    order) and `unfuse_qkv` (`llama_hf.py` is the LLaMA family's)."""
+
     def attention_linears(self, config: Any) -> tuple[UnitLinear, ...]:
         """The attention linears that are units, in canonical order: the input projections,
         then the output projection (a switchable core attention sits between them)."""

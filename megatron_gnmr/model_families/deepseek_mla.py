@@ -103,6 +103,7 @@ def _rope(s: MLAConfig) -> dict:
 
 class DeepSeekMLA:
     name = "deepseek-mla"
+    hf = None  # no Hugging Face mapping yet: export-hf and import-hf refuse it by name
     settings_section = "mla"
 
     def attention_linears(self, config) -> tuple[UnitLinear, ...]:

@@ -18,42 +18,14 @@ import torch
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.model_families.base import MLP_LINEARS, QueryKeyMaps, UnitLinear
+from megatron_gnmr.model_families.llama_hf import LLAMA_HF
+from megatron_gnmr.model_families.llama_layout import ATTENTION_LINEARS, PROJ, QKV, head_dim
 from megatron_gnmr.platform import megatron_compat
-
-QKV, PROJ = "linear_qkv", "linear_proj"
-ATTENTION_LINEARS = (QKV, PROJ)
-
-
-def head_dim(model) -> int:
-    """Each head's width: --kv-channels, else d_model / heads (Megatron-LM's rule)."""
-    return model.kv_channels or model.hidden_size // model.num_attention_heads
-
-
-def unfused_qkv(weight: torch.Tensor, model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The full (unsharded) fused QKV weight as the separate Q, K and V projections, heads in
-    order ([heads * d_head, d_model], [groups * d_head, d_model] twice): the layout above
-    (Hugging Face's q_proj, k_proj, v_proj)."""
-    heads, d_head = model.num_attention_heads, head_dim(model)
-    groups = model.num_query_groups or heads
-    per = heads // groups
-    grouped = weight.reshape(groups, per + 2, d_head, -1)
-    return (grouped[:, :per].reshape(heads * d_head, -1),
-            grouped[:, per].reshape(groups * d_head, -1),
-            grouped[:, per + 1].reshape(groups * d_head, -1))
-
-
-def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, model) -> torch.Tensor:
-    """The inverse of `unfused_qkv`."""
-    heads, d_head = model.num_attention_heads, head_dim(model)
-    groups = model.num_query_groups or heads
-    width = q.shape[-1]
-    return torch.cat([q.reshape(groups, heads // groups, d_head, width),
-                      k.reshape(groups, 1, d_head, width), v.reshape(groups, 1, d_head, width)],
-                     dim=1).reshape((heads + 2 * groups) * d_head, width)
-
 
 class Llama:
     name = "llama"
+
+    hf = LLAMA_HF  # Llama, Mistral and Mixtral's transformers classes, both ways
 
     def attention_linears(self, config) -> tuple[UnitLinear, ...]:
         m = config.model

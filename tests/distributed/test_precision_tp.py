@@ -243,7 +243,7 @@ def test_a_tp2_lora_runs_peft_adapter_is_its_merged_update(runs, tmp_path):
     """export-hf --adapter gathers a TP=2 run's adapter shards (fc1's B by its [gate; up]
     halves per rank): PEFT's update of every projection, (alpha / r) B A, is the update
     merge-lora adds on the shards (reassembled by `_whole`, put in Hugging Face's names by
-    `llama.to_hf`, which transformers judges in tests/test_hf_interop.py). Bound: the merged
+    `llama_hf.to_hf`, which transformers judges in tests/test_hf_interop.py). Bound: the merged
     weight is stored in float32, so merged - base carries float32's rounding of W (measured:
     1.3e-7 of the update's norm; 1e-4 allowed); fc1's B gathered as one block is off by 1.0
     (measured), the shards read in the wrong order by O(1)."""
@@ -251,8 +251,8 @@ def test_a_tp2_lora_runs_peft_adapter_is_its_merged_update(runs, tmp_path):
     from safetensors.torch import load_file
 
     from megatron_gnmr.evaluation.loaded_run import run_config
-    from megatron_gnmr.interop.hf import llama
     from megatron_gnmr.interop.hf.peft_adapter import export_adapter
+    from megatron_gnmr.model_families.llama_hf import LLAMA_HF
     from megatron_gnmr.training.merge_lora import merge_run
 
     run = runs / "lora-w8a8" / "tp2"
@@ -275,7 +275,7 @@ def test_a_tp2_lora_runs_peft_adapter_is_its_merged_update(runs, tmp_path):
             if name.endswith(("qkv.weight", "proj.weight", "fc1.weight", "fc2.weight")):
                 state[name] = _whole([m[name].double() - b[name].double() for b, m in order],
                                      name)
-        theirs = {k: v for k, v in llama.to_hf(state, config).items() if k in peft}
+        theirs = {k: v for k, v in LLAMA_HF.to_hf(state, config).items() if k in peft}
         assert len(theirs) == len(peft) == 2 * 7
         gaps = {k: float((peft[k] - v).norm() / v.norm()) for k, v in theirs.items()}
         if order is shards:

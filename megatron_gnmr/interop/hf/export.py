@@ -1,14 +1,15 @@
-"""`megatron-gnmr export-hf RUN_DIR OUT_DIR`: a trained LLaMA-family run as a Hugging Face
-model directory that `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and
-`AutoTokenizer.from_pretrained(OUT_DIR)` load with no extra code.
+"""`megatron-gnmr export-hf RUN_DIR OUT_DIR`: a trained run as a Hugging Face model directory
+that `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and
+`AutoTokenizer.from_pretrained(OUT_DIR)` load with no extra code, through its model family's
+mapping (`family.hf`; the llama family's writes Llama, or Mixtral for a MoE run).
 
 The run's newest intact checkpoint is read in this one process: a torch_dist checkpoint (the
 default format) is resharded to one rank whatever layout wrote it (TP, PP, DP, distributed
-optimizer); a torch-format one must come from a one-process run. Dense LLaMAs only: a MoE
-run and a DeepSeek-family run are refused by name; a LoRA run is exported as a PEFT adapter
-(`--adapter`, `peft_adapter.py`) or merged first (merge-lora). The weights go through
-`llama.to_hf` into `model.safetensors` in the dtype asked for, beside `config.json`,
-`generation_config.json` and the tokenizer (a SentencePiece model as `tokenizer.model` read
+optimizer, expert parallelism); a torch-format one must come from a one-process run. A family
+without a mapping (deepseek-mla), or a setting the mapping's classes cannot express, is refused
+by name; a LoRA run is exported as a PEFT adapter (`--adapter`, `peft_adapter.py`) or merged
+first (merge-lora). The weights go through the mapping's `to_hf` into `model.safetensors` in
+the dtype asked for, beside `config.json`, `generation_config.json` and the tokenizer (a SentencePiece model as `tokenizer.model` read
 by transformers' SentencePiece backend, which encodes exactly as we do; a Hugging Face
 tokenizer's own files; GPT-2's vocab and merges). Everything
 is written into `OUT_DIR.partial` and renamed when complete: a failed export leaves nothing
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.model_families import hf_mapping
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -48,12 +50,7 @@ def model_on_one_rank(run_dir: Path):
     from megatron_gnmr.training.checkpoint_choice import choose
 
     config = run_config(run_dir)
-    if config.model.model_family != "llama":
-        raise UserError(f"export-hf {run_dir}: --model-family {config.model.model_family} is "
-                        "not exported yet (the llama family is)")
-    if config.model.num_experts:
-        raise UserError(f"export-hf {run_dir}: a mixture-of-experts model (--num-experts "
-                        f"{config.model.num_experts}) is not exported yet (dense LLaMAs are)")
+    hf_mapping(config, f"export-hf {run_dir}")
     if config.lora.enabled:
         raise UserError(f"export-hf {run_dir}: a LoRA run; export its adapters with --adapter "
                         "(a PEFT adapter directory over the exported base), or merge them "
@@ -139,7 +136,6 @@ def export(run_dir: str, out_dir: str, dtype: str = "bf16", adapter: bool = Fals
            base_model: str | None = None) -> Path:
     from safetensors.torch import save_file
 
-    from megatron_gnmr.interop.hf import llama
     from megatron_gnmr.model import padded_vocab_size
 
     run, out = Path(run_dir), Path(out_dir)
@@ -152,10 +148,11 @@ def export(run_dir: str, out_dir: str, dtype: str = "bf16", adapter: bool = Fals
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    weights = {k: v.to(DTYPES[dtype]) for k, v in llama.to_hf(state, config).items()}
+    hf_map = hf_mapping(config, f"export-hf {run}")
+    weights = {k: v.to(DTYPES[dtype]) for k, v in hf_map.to_hf(state, config).items()}
     save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
-    hf = llama.hf_config(config, padded_vocab_size(tokenizer.vocab_size, config), tokenizer,
-                         DTYPE_NAMES[dtype])
+    hf = hf_map.hf_config(config, padded_vocab_size(tokenizer.vocab_size, config), tokenizer,
+                          DTYPE_NAMES[dtype])
     (partial / "config.json").write_text(json.dumps(hf, indent=2))
     (partial / "generation_config.json").write_text(json.dumps(
         {key: hf[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")

@@ -23,11 +23,8 @@ import torch
 import yaml
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.model_families import family_reading
 
-# The LLaMA family's classes: Llama's, and Mistral's (Llama's layers; its sliding window, the
-# one difference, is refused by name)
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-MODEL_TYPES = ("llama", "mistral")
 
 
 def read_hf(hf_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -42,10 +39,7 @@ def read_hf(hf_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         hf = json.loads((hf_dir / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"{where}: config.json is not JSON ({error})") from None
-    architectures = hf.get("architectures") or [hf.get("model_type")]
-    if not set(ARCHITECTURES) & set(architectures) and hf.get("model_type") not in MODEL_TYPES:
-        raise UserError(f"{where}: architecture {architectures[0]!r} is not built here "
-                        f"(import-hf reads {' or '.join(ARCHITECTURES)})")
+    family_reading(hf, where)
     index = hf_dir / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) \
         if index.is_file() else ["model.safetensors"]
@@ -95,7 +89,6 @@ def _check_shapes(ours: dict, live: dict, where: str) -> None:
 
 def import_hf(hf_dir: str, out_dir: str) -> Path:
     from megatron_gnmr.config import RunConfig
-    from megatron_gnmr.interop.hf import llama
     from megatron_gnmr.model import build_model, unwrap
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.resume_contract import resume_settings
@@ -108,7 +101,8 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"import-hf: {out} exists and is not empty; give a new directory")
     hf, weights = read_hf(source)
-    flags = llama.model_flags(hf, where)
+    family = family_reading(hf, where)
+    flags = {"model_family": family.name, **family.hf.model_flags(hf, where)}
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -132,7 +126,7 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
         try:
             model = build_model(config, tokenizer.vocab_size, for_training=False)
             live = unwrap(model[0]).state_dict()
-            ours = llama.from_hf(weights, config)
+            ours = family.hf.from_hf(weights, config)
             _check_shapes(ours, live, where)
             unwrap(model[0]).load_state_dict(
                 {**{k: v for k, v in live.items() if k.endswith("_extra_state")},

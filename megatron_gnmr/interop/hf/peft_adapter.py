@@ -26,15 +26,9 @@ from pathlib import Path
 import torch
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.interop.hf.llama import ATTENTION
+from megatron_gnmr.model_families import family_of, hf_mapping, row_parallel_linears
 from megatron_gnmr.lora.merge import ADAPTER_IN, ADAPTER_OUT, adapted_prefixes
-from megatron_gnmr.model_families.llama import PROJ, QKV, unfused_qkv
 
-# our unit linear -> Hugging Face's projections it holds, in the order of its weight's rows
-PROJECTIONS = {f"{ATTENTION}{QKV}": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-               f"{ATTENTION}{PROJ}": ("self_attn.o_proj",),
-               "mlp.linear_fc1": ("mlp.gate_proj", "mlp.up_proj"),
-               "mlp.linear_fc2": ("mlp.down_proj",)}
 GATED = "mlp.linear_fc1"  # [gate; up] on every TP rank
 
 
@@ -54,18 +48,21 @@ def full_adapters(shards: list[dict], row_parallel: set[str]) -> dict[str, tuple
 
 
 def to_peft(adapters: dict[str, tuple], config) -> dict[str, torch.Tensor]:
-    """PEFT's state dict (`base_model.model.<module>.lora_A.weight`) for whole adapters."""
+    """PEFT's state dict (`base_model.model.<module>.lora_A.weight`) for whole adapters, in
+    the run's family's Hugging Face projections."""
+    hf = family_of(config).hf
+    projections = hf.projections
     out = {}
     for prefix, (a, b) in adapters.items():
         layer, _, linear = prefix.removeprefix("decoder.layers.").partition(".")
-        if linear not in PROJECTIONS or not layer.isdigit():
+        if linear not in projections or not layer.isdigit():
             raise UserError(f"export-hf --adapter: an adapter on {prefix} has no Hugging Face "
                             "projection")
-        if linear.endswith(QKV):
-            parts = unfused_qkv(b, config.model)
+        if len(projections[linear]) == 3:  # the fused QKV: the weight's own split
+            parts = hf.unfuse_qkv(b, config)
         else:
-            parts = b.chunk(len(PROJECTIONS[linear]), dim=0)
-        for module, rows in zip(PROJECTIONS[linear], parts):
+            parts = b.chunk(len(projections[linear]), dim=0)
+        for module, rows in zip(projections[linear], parts):
             name = f"base_model.model.model.layers.{layer}.{module}"
             out[f"{name}.lora_A.weight"] = a.clone()  # one copy each: safetensors shares none
             out[f"{name}.lora_B.weight"] = rows.contiguous()
@@ -83,7 +80,6 @@ def adapter_config(config, modules: list[str], base_model: str | None) -> dict:
 
 
 def read_adapters(run_dir: Path, config) -> dict[str, tuple]:
-    from megatron_gnmr.model_families import row_parallel_linears
     from megatron_gnmr.training import checkpoint
 
     if not config.lora.enabled:
@@ -108,9 +104,10 @@ def export_adapter(run_dir: Path, out: Path, dtype: torch.dtype, base_model: str
     from megatron_gnmr.evaluation.loaded_run import run_config
 
     config = run_config(run_dir)
-    if config.model.model_family != "llama" or config.model.num_experts:
-        raise UserError(f"export-hf {run_dir} --adapter: only dense LLaMA-family runs are "
-                        "exported")
+    hf_mapping(config, f"export-hf {run_dir} --adapter")
+    if config.model.num_experts:
+        raise UserError(f"export-hf {run_dir} --adapter: only dense runs' adapters are "
+                        "exported (LoRA trains dense models)")
     weights = {k: v.to(dtype) for k, v in to_peft(read_adapters(run_dir, config), config).items()}
     modules = sorted({k.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
                       for k in weights})

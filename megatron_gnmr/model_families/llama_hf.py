@@ -1,0 +1,223 @@
+"""The LLaMA family's Hugging Face mapping: its weights in transformers' names and layout, and
+its config both ways, as pure functions of full (unsharded) state dicts and config dicts.
+export-hf, import-hf and the PEFT adapter dispatch on the family (`family.hf`); this is the
+llama family's. Dense runs are `LlamaForCausalLM` (`MistralForCausalLM` without a sliding window
+reads the same); MoE runs (--num-experts) are `MixtralForCausalLM`.
+
+megatron's fused QKV weight is interleaved per query group (`llama.unfused_qkv` / `fused_qkv`);
+Hugging Face keeps q_proj, k_proj and v_proj apart, heads in order. megatron's fc1 stacks
+[gate; up]; Hugging Face has gate_proj and up_proj (Mixtral's experts: w1 the gate, w3 the up,
+w2 the down projection, on disk one tensor per expert as transformers saves them). RoPE needs
+no permutation: megatron's default (`rotary_interleaved=False`) rotates halves of each head,
+as Hugging Face's `rotate_half`. A zero-centred norm (--apply-layernorm-1p) stores gamma - 1;
+Hugging Face stores gamma. Mixtral's router (softmax over every expert, top-k, renormalised)
+is megatron's softmax over the top-k scores: the same gates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.model_families.llama_layout import (PROJ, QKV, fused_qkv, head_dim,
+                                                       unfused_qkv)
+
+ATTENTION = "self_attention."
+EXPERTS = "mlp.experts.local_experts."
+# Llama 3's RoPE scaling as megatron-core builds it (`RotaryEmbedding._apply_scaling`): only
+# the factor is a setting; every published Llama 3.1-3.3 checkpoint has these bands
+LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+UNSUPPORTED = {  # Hugging Face settings this family cannot build -> what it builds instead
+    "attention_bias": (True, "no bias in the attention projections"),
+    "mlp_bias": (True, "no bias in the MLP"),
+}
+# what a MoE run must be for Mixtral's class to express it: (setting, value Mixtral has)
+MIXTRAL_ROUTING = (("moe_first_dense_layers", 0), ("moe_shared_expert_intermediate_size", None),
+                   ("moe_router_score_function", "softmax"),
+                   ("moe_router_enable_expert_bias", False), ("moe_router_pre_softmax", False),
+                   ("moe_router_num_groups", None), ("moe_router_topk_scaling_factor", None))
+
+
+def _shape(config) -> tuple[int, int, int, int]:
+    m = config.model
+    groups = m.num_query_groups or m.num_attention_heads
+    return m.num_attention_heads, groups, head_dim(m), m.hidden_size
+
+
+def _mlp_to_hf(state: dict, ours: str, theirs: str, config) -> dict:
+    if not config.model.num_experts:
+        gate, up = state[ours + "mlp.linear_fc1.weight"].chunk(2, dim=0)
+        return {theirs + "mlp.gate_proj.weight": gate, theirs + "mlp.up_proj.weight": up,
+                theirs + "mlp.down_proj.weight": state[ours + "mlp.linear_fc2.weight"]}
+    out = {theirs + "block_sparse_moe.gate.weight": state[ours + "mlp.router.weight"]}
+    for expert in range(config.model.num_experts):
+        mine, hers = f"{ours}{EXPERTS}{expert}.", f"{theirs}block_sparse_moe.experts.{expert}."
+        gate, up = state[mine + "linear_fc1.weight"].chunk(2, dim=0)
+        out.update({hers + "w1.weight": gate, hers + "w3.weight": up,
+                    hers + "w2.weight": state[mine + "linear_fc2.weight"]})
+    return out
+
+
+def _mlp_from_hf(weights: dict, ours: str, theirs: str, config) -> dict:
+    if not config.model.num_experts:
+        return {ours + "mlp.linear_fc1.weight": torch.cat([weights[theirs + "mlp.gate_proj.weight"],
+                                                           weights[theirs + "mlp.up_proj.weight"]]),
+                ours + "mlp.linear_fc2.weight": weights[theirs + "mlp.down_proj.weight"]}
+    out = {ours + "mlp.router.weight": weights[theirs + "block_sparse_moe.gate.weight"]}
+    for expert in range(config.model.num_experts):
+        mine, hers = f"{ours}{EXPERTS}{expert}.", f"{theirs}block_sparse_moe.experts.{expert}."
+        out.update({mine + "linear_fc1.weight": torch.cat([weights[hers + "w1.weight"],
+                                                           weights[hers + "w3.weight"]]),
+                    mine + "linear_fc2.weight": weights[hers + "w2.weight"]})
+    return out
+
+
+def _rope_scaling(rope: dict, where: str) -> dict:
+    """Our model values for a Hugging Face rope config: plain, or llama3 with megatron-core's
+    bands (anything else refused by name)."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in ("default", None):
+        return {}
+    if kind != "llama3":
+        raise UserError(f"{where}: rope type {kind!r} is not built by the llama family (plain "
+                        "RoPE, or llama3's frequency scaling)")
+    for key, value in LLAMA3_BANDS.items():
+        if key in rope and float(rope[key]) != value:
+            raise UserError(f"{where}: rope {key} {rope[key]}: megatron-core's llama3 scaling "
+                            f"has {value} (only the factor is a setting)")
+    return {"use_rope_scaling": True, "rope_scaling_factor": float(rope.get("factor", 8.0))}
+
+
+class LlamaHF:
+    """The llama family's `family.hf`."""
+
+    architectures = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
+    model_types = ("llama", "mistral", "mixtral")
+    # our unit linear -> Hugging Face's projections it holds, in the order of its weight's
+    # rows (the PEFT adapter splits a fused linear's B by them)
+    projections = {f"{ATTENTION}{QKV}": ("self_attn.q_proj", "self_attn.k_proj",
+                                         "self_attn.v_proj"),
+                   f"{ATTENTION}{PROJ}": ("self_attn.o_proj",),
+                   "mlp.linear_fc1": ("mlp.gate_proj", "mlp.up_proj"),
+                   "mlp.linear_fc2": ("mlp.down_proj",)}
+
+    def exportable(self, config, where: str) -> None:
+        """A UserError naming what of this run transformers' classes cannot express."""
+        m = config.model
+        for name, value in MIXTRAL_ROUTING if m.num_experts else ():
+            if getattr(m, name) != value:
+                raise UserError(f"{where}: --{name.replace('_', '-')} {getattr(m, name)}: "
+                                f"MixtralForCausalLM has {value}")
+
+    def unfuse_qkv(self, weight: torch.Tensor, config) -> tuple[torch.Tensor, ...]:
+        return unfused_qkv(weight, config.model)
+
+    def to_hf(self, state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+        one = 1.0 if config.model.apply_layernorm_1p else 0.0
+        out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+               "model.norm.weight": state["decoder.final_layernorm.weight"] + one,
+               "lm_head.weight": state["output_layer.weight"]}
+        for layer in range(config.model.num_layers):
+            ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
+            q, k, v = unfused_qkv(state[f"{ours}{ATTENTION}{QKV}.weight"], config.model)
+            out.update({
+                theirs + "self_attn.q_proj.weight": q,
+                theirs + "self_attn.k_proj.weight": k,
+                theirs + "self_attn.v_proj.weight": v,
+                theirs + "self_attn.o_proj.weight": state[f"{ours}{ATTENTION}{PROJ}.weight"],
+                theirs + "input_layernorm.weight": state[ours + "input_layernorm.weight"] + one,
+                theirs + "post_attention_layernorm.weight":
+                    state[ours + "pre_mlp_layernorm.weight"] + one,
+                **_mlp_to_hf(state, ours, theirs, config),
+            })
+        return {name: tensor.contiguous() for name, tensor in out.items()}
+
+    def from_hf(self, weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+        """The inverse of `to_hf` (a tied model's lm_head is its embedding)."""
+        one = 1.0 if config.model.apply_layernorm_1p else 0.0
+        head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+        out = {"embedding.word_embeddings.weight": weights["model.embed_tokens.weight"],
+               "decoder.final_layernorm.weight": weights["model.norm.weight"] - one,
+               "output_layer.weight": head}
+        for layer in range(config.model.num_layers):
+            ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
+            q, k, v = (weights[f"{theirs}self_attn.{name}_proj.weight"] for name in "qkv")
+            out.update({
+                f"{ours}{ATTENTION}{QKV}.weight": fused_qkv(q, k, v, config.model),
+                f"{ours}{ATTENTION}{PROJ}.weight": weights[theirs + "self_attn.o_proj.weight"],
+                ours + "input_layernorm.weight": weights[theirs + "input_layernorm.weight"] - one,
+                ours + "pre_mlp_layernorm.weight":
+                    weights[theirs + "post_attention_layernorm.weight"] - one,
+                **_mlp_from_hf(weights, ours, theirs, config),
+            })
+        return {name: tensor.contiguous() for name, tensor in out.items()}
+
+    def hf_config(self, config, padded_vocab_size: int, tokenizer, dtype: str) -> dict:
+        """Hugging Face's config.json for this model (written without transformers)."""
+        m = config.model
+        heads, groups, d, _ = _shape(config)
+        moe = {"num_local_experts": m.num_experts, "num_experts_per_tok": m.moe_router_topk,
+               "router_aux_loss_coef": m.moe_aux_loss_coeff, "output_router_logits": False,
+               "router_jitter_noise": 0.0, "sliding_window": None} if m.num_experts else {}
+        return {
+            "architectures": ["MixtralForCausalLM" if m.num_experts else "LlamaForCausalLM"],
+            "model_type": "mixtral" if m.num_experts else "llama",
+            "vocab_size": padded_vocab_size, "hidden_size": m.hidden_size,
+            "intermediate_size": (m.moe_ffn_hidden_size or m.ffn_hidden_size)
+            if m.num_experts else m.ffn_hidden_size,
+            "num_hidden_layers": m.num_layers, "num_attention_heads": heads,
+            "num_key_value_heads": groups, "head_dim": d, "hidden_act": "silu",
+            "max_position_embeddings": m.max_position_embeddings or m.seq_length,
+            "rms_norm_eps": m.norm_epsilon, "initializer_range": m.init_method_std,
+            "rope_theta": float(m.rotary_base),
+            "rope_parameters": {"rope_theta": float(m.rotary_base), **(
+                {"rope_type": "llama3", **LLAMA3_BANDS, "factor": m.rope_scaling_factor}
+                if m.use_rope_scaling else {"rope_type": "default"})},
+            "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+            "attention_dropout": m.attention_dropout, "use_cache": True,
+            "bos_token_id": getattr(tokenizer, "bos", None),
+            "eos_token_id": tokenizer.eod,
+            "pad_token_id": tokenizer.pad if tokenizer.pad >= 0 else None,
+            "torch_dtype": dtype, "dtype": dtype, **moe,
+        }
+
+    def model_flags(self, hf: dict, where: str) -> dict:
+        """Our model section's values for a Hugging Face config of this family (a UserError
+        names any setting the family cannot build)."""
+        for key, (bad, ours) in UNSUPPORTED.items():
+            if hf.get(key) == bad:
+                raise UserError(f"{where}: {key} {bad} is not built by the llama family ({ours})")
+        if hf.get("sliding_window") is not None:
+            raise UserError(f"{where}: sliding_window {hf['sliding_window']}: the llama family's "
+                            "attention is full causal attention (a Mistral or Mixtral without "
+                            "a sliding window imports)")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise UserError(f"{where}: hidden_act {hf['hidden_act']!r}: the llama family's MLP "
+                            "is SwiGLU (silu)")
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        scaling = _rope_scaling(rope, where)
+        try:
+            heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
+            experts = int(hf["num_local_experts"]) if hf.get("num_local_experts") else None
+            moe = {"num_experts": experts, "moe_router_topk": int(hf["num_experts_per_tok"]),
+                   "moe_aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.0))} \
+                if experts else {}
+            return {
+                "num_layers": int(hf["num_hidden_layers"]), "hidden_size": hidden,
+                "ffn_hidden_size": int(hf["intermediate_size"]), "num_attention_heads": heads,
+                "num_query_groups": int(hf.get("num_key_value_heads") or heads),
+                "kv_channels": int(hf.get("head_dim") or hidden // heads),
+                "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
+                "rotary_base": int(float(rope.get("rope_theta",
+                                                  hf.get("rope_theta", 10000.0)))),
+                "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+                "init_method_std": float(hf.get("initializer_range", 0.02)),
+                **scaling, **moe,
+            }
+        except (KeyError, TypeError, ValueError) as error:
+            raise UserError(f"{where}: not a complete LLaMA-family config "
+                            f"({type(error).__name__}: {error})") from None
+
+
+LLAMA_HF = LlamaHF()
