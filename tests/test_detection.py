@@ -144,3 +144,51 @@ def test_the_first_alarm_from_a_twin_trace_is_the_live_run_first_recovery(tmp_pa
                    if r.get("event") == "start")["attention_fault_layers"]
     units = read_jsonl(live / "gnmr_trace.jsonl")[0]["units"]
     assert faulted[0] in [int(units[i].split(".")[1]) for i in first["recovery"]]
+
+
+def test_the_held_out_verdicts_by_hand(monkeypatch):
+    """compare-held-out's judge on hand-made runs: exact attention ends at 3.0, 3.1 (seeds 1,
+    2), so the harm margin is 2 x stdev = 2 x 0.0707 = 0.1414. Seed 1: the rule's run ends
+    0.1 above exact (saved), spending 40%. Seed 2: 0.2 above (harmed). Seed 3 has no exact
+    run: its twin and healthy traces still count for detection (the healthy replay fires at
+    step 7 and the live healthy run spent 10%), its rule run is not judged. The replay of a
+    healthy trace is tested against the live policy elsewhere; here it is given."""
+    from types import SimpleNamespace
+
+    from megatron_gnmr.experiments import held_out
+
+    def run(final=3.0, died=None, spent=0.0, first=None):
+        return {"final_train_loss": final, "diverged_at": died,
+                "recovered_share_of_executed_steps": spent, "first_recovery": first}
+
+    table = {"exact-attention": {1: run(3.0), 2: run(3.1)},
+             "twin": {s: run(9.0, died=100) for s in (1, 2, 3)},
+             "rule": {1: run(3.1, spent=0.4, first=10), 2: run(3.3, spent=0.5, first=20),
+                      3: run(3.0, spent=0.3, first=30)},
+             "healthy-rule": {3: run(3.0, spent=0.1, first=7)}}
+    # healthy runs end at 3.0, 3.1, 3.2 (the onset's margin: 2 x 0.1); each twin is its
+    # healthy run until step 200, then 1.05 above (no tie at the margin)
+    healthy = {s: np.full(300, 2.9 + 0.1 * s) for s in (1, 2, 3)}
+    traces = {**{("healthy", s): SimpleNamespace(loss=loss, trace=None)
+                 for s, loss in healthy.items()},
+              **{("twin", s): SimpleNamespace(loss=loss + 1.05 * (np.arange(300) >= 200),
+                                            trace=None)
+                 for s, loss in healthy.items()}}
+    scenario = SimpleNamespace(variants={"twin": [], "healthy": [], "exact-attention": [],
+                                         "rule": [], "healthy-rule": []})
+    monkeypatch.setattr(held_out, "fires_on",
+                        lambda trace, scenario, rule, seed: 7 if seed == 3 else None)
+    result = held_out.judge(scenario, table, traces)
+    assert result["seeds"] == [1, 2, 3]
+    assert result["harm_margin"] == pytest.approx(2 * math.sqrt(0.005))
+    verdicts = result["rules"]["rule"]
+    assert [verdicts[s]["failed"] for s in (1, 2)] == [False, True]
+    assert verdicts[3]["judged"] is False and verdicts[3]["gap"] is None
+    assert verdicts[1]["gap"] == pytest.approx(0.1)
+    # the 100-step mean of twin - healthy first exceeds 0.2 in the window ending at step 220
+    # (20 steps at +1.05: 0.21; 19 give 0.1995) and stays above
+    assert [verdicts[s]["onset"] for s in (1, 2, 3)] == [220] * 3
+    assert [verdicts[s]["healthy_spent"] for s in (1, 2, 3)] == [0.0, 0.0, 0.1]
+    row = held_out.table_lines(result)[2].split(" | ")
+    assert row[1:3] == ["1 / 2", "1 / 2"]  # saved, failed: seeds 1 and 2 only
+    assert row[7] == "1 / 3"  # healthy runs it acts on

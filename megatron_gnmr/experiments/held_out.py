@@ -64,8 +64,9 @@ def judge(scenario, table: dict, traces: dict) -> dict:
         raise UserError("compare-held-out: needs two finished exact-attention runs or more")
     margin = harm_margin(finals)
     twins, healthy = table.get(TWIN, {}), table.get(HEALTHY, {})
-    seeds = sorted(s for s in twins if s in exact and (TWIN, s) in traces
-                   and (HEALTHY, s) in traces)
+    # a seed counts once its twin and healthy run have traces (detection is a function of
+    # them); the live arms judge harm only against an exact-attention run of the same seed
+    seeds = sorted(s for s in twins if (TWIN, s) in traces and (HEALTHY, s) in traces)
     healthy_finals = [float(sum(traces[HEALTHY, s].loss[-300:]) / 300) for s in seeds]
     onset_margin = harm_margin(healthy_finals) if len(healthy_finals) > 1 else margin
     out = {"seeds": seeds, "harm_margin": margin, "rules": {}}
@@ -82,8 +83,8 @@ def judge(scenario, table: dict, traces: dict) -> dict:
                 "twin_died_at": twin["diverged_at"], "onset": onset,
                 "ran": run is not None,
                 "diverged": run is not None and run["diverged_at"] is not None,
-                "gap": None if run is None or run["diverged_at"] is not None else
-                run["final_train_loss"] - exact[seed]["final_train_loss"],
+                "gap": None if run is None or run["diverged_at"] is not None or seed not in exact
+                else run["final_train_loss"] - exact[seed]["final_train_loss"],
                 "spent": run["recovered_share_of_executed_steps"] if run else None,
                 "first_recovery": run["first_recovery"] if run else None,
                 "healthy_fires_at": fires,
@@ -91,7 +92,8 @@ def judge(scenario, table: dict, traces: dict) -> dict:
                 (live["recovered_share_of_executed_steps"] if live else None),
             }
             verdict = per_seed[seed]
-            verdict["failed"] = verdict["ran"] and (verdict["diverged"] or (
+            verdict["judged"] = verdict["ran"] and (verdict["diverged"] or seed in exact)
+            verdict["failed"] = verdict["judged"] and (verdict["diverged"] or (
                 verdict["gap"] is not None and verdict["gap"] > margin))
         out["rules"][rule] = per_seed
     return out
@@ -120,7 +122,7 @@ def table_lines(result: dict) -> list[str]:
              "| attention FLOPs exact, healthy runs | final loss gap to exact |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for rule, seeds in result["rules"].items():
-        ran = {s: v for s, v in seeds.items() if v["ran"] and v["twin_died_at"]}
+        ran = {s: v for s, v in seeds.items() if v["judged"] and v["twin_died_at"]}
         lines.append(
             f"| {rule} | {sum(not v['failed'] for v in ran.values())} / {len(ran)} | "
             f"{sum(v['failed'] for v in ran.values())} / {len(ran)} | "
@@ -144,7 +146,8 @@ def table_lines(result: dict) -> list[str]:
                 def count(rule):
                     seeds = result["rules"][rule]
                     if key == "failed":
-                        ran = [v for v in seeds.values() if v["ran"] and v["twin_died_at"]]
+                        ran = [v for v in seeds.values()
+                               if v["judged"] and v["twin_died_at"]]
                         return sum(v["failed"] for v in ran), len(ran)
                     return sum(v["healthy_fires_at"] is not None for v in seeds.values()), \
                         len(seeds)
