@@ -33,9 +33,9 @@ def family_of(config) -> ModelFamily:
 def hf_mapping(config, where: str):
     """The Hugging Face mapping of a RunConfig's family, the run checked against what its
     classes can express (a UserError names a family without one, or the setting)."""
-    hf = family_of(config).hf
+    hf = getattr(family_of(config), "hf", None)  # a family may have no mapping
     if hf is None:
-        readable = [name for family in FAMILIES.values() if family.hf is not None
+        readable = [name for family in FAMILIES.values() if getattr(family, "hf", None)
                     for name in family.hf.architectures]
         raise UserError(f"{where}: --model-family {config.model.model_family} has no Hugging "
                         f"Face mapping yet (the mappings built write {', '.join(readable)})")
@@ -47,12 +47,12 @@ def family_reading(hf_config: dict, where: str) -> ModelFamily:
     """The family whose Hugging Face mapping reads this config.json's class, or a UserError
     naming the classes that are read."""
     architectures = hf_config.get("architectures") or [hf_config.get("model_type")]
-    for family in FAMILIES.values():
-        if family.hf is not None and (set(family.hf.architectures) & set(architectures) or
-                                      hf_config.get("model_type") in family.hf.model_types):
+    mapped = [family for family in FAMILIES.values() if getattr(family, "hf", None)]
+    for family in mapped:
+        if set(family.hf.architectures) & set(architectures) or \
+                hf_config.get("model_type") in family.hf.model_types:
             return family
-    readable = [name for family in FAMILIES.values() if family.hf is not None
-                for name in family.hf.architectures]
+    readable = [name for family in mapped for name in family.hf.architectures]
     raise UserError(f"{where}: architecture {architectures[0]!r} is not built here (import-hf "
                     f"reads {', '.join(readable)})")
 

@@ -62,10 +62,12 @@ class ModelFamily(Protocol):
     """The family's Hugging Face mapping, or None (export-hf and import-hf refuse the family
     by name). It says which transformers classes it reads and writes (`architectures`,
     `model_types`) and maps both ways, on full state dicts and config dicts: `to_hf`,
-    `from_hf`, `hf_config`, `model_flags` (our model section from Hugging Face's config),
+    `from_hf`, `hf_config`, `sections` (our config sections from Hugging Face's config),
+    `unused_weights` (names in a checkpoint the classes do not use, left out on import),
     `exportable` (a UserError naming what the classes cannot express), and for the PEFT
     adapter `projections` (each unit linear's Hugging Face projections, in its weight's row
-    order) and `unfuse_qkv` (`llama_hf.py` is the LLaMA family's)."""
+    order; None: no adapter export) and `unfuse_qkv` (`llama_hf.py` is the LLaMA family's,
+    `deepseek_mla_hf.py` the DeepSeek family's)."""
 
     def attention_linears(self, config: Any) -> tuple[UnitLinear, ...]:
         """The attention linears that are units, in canonical order: the input projections,

@@ -45,6 +45,7 @@ from megatron_gnmr.model_families.base import (
     gather_rows,
 )
 from megatron_gnmr.limits import check_limits, limit
+from megatron_gnmr.model_families.deepseek_mla_hf import DEEPSEEK_V3_HF
 from megatron_gnmr.platform import megatron_compat
 
 Q, Q_DOWN, Q_UP = "linear_q_proj", "linear_q_down_proj", "linear_q_up_proj"
@@ -103,7 +104,7 @@ def _rope(s: MLAConfig) -> dict:
 
 class DeepSeekMLA:
     name = "deepseek-mla"
-    hf = None  # no Hugging Face mapping yet: export-hf and import-hf refuse it by name
+    hf = DEEPSEEK_V3_HF  # transformers' DeepseekV3ForCausalLM, both ways
     settings_section = "mla"
 
     def attention_linears(self, config) -> tuple[UnitLinear, ...]:

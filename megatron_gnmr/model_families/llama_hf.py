@@ -182,9 +182,15 @@ class LlamaHF:
             "torch_dtype": dtype, "dtype": dtype, **moe,
         }
 
-    def model_flags(self, hf: dict, where: str) -> dict:
-        """Our model section's values for a Hugging Face config of this family (a UserError
-        names any setting the family cannot build)."""
+    def unused_weights(self, weights: dict, hf: dict) -> list[str]:
+        return []  # every weight of these classes is the model's
+
+    def sections(self, hf: dict, where: str) -> dict[str, dict]:
+        """Our model section for a Hugging Face config of this family (a UserError names any
+        setting the family cannot build)."""
+        return {"model": self._model(hf, where)}
+
+    def _model(self, hf: dict, where: str) -> dict:
         for key, (bad, ours) in UNSUPPORTED.items():
             if hf.get(key) == bad:
                 raise UserError(f"{where}: {key} {bad} is not built by the llama family ({ours})")

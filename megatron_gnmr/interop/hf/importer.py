@@ -102,7 +102,13 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
         raise UserError(f"import-hf: {out} exists and is not empty; give a new directory")
     hf, weights = read_hf(source)
     family = family_reading(hf, where)
-    flags = {"model_family": family.name, **family.hf.model_flags(hf, where)}
+    sections = family.hf.sections(hf, where)
+    unused = family.hf.unused_weights(weights, hf)
+    if unused:
+        print(f"import-hf: left out {len(unused)} weights transformers' "
+              f"{type(family.hf).__name__.removesuffix('HF')} does not use either "
+              f"({unused[0]}, ...)")
+        weights = {k: v for k, v in weights.items() if k not in unused}
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -117,10 +123,11 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
                             f"embedding {rows} rows; they do not belong together")
         final_tokenizer = out / "tokenizer" / Path(tokenizer_model).relative_to(
             partial / "tokenizer")
-        model_section = {**flags, "padded_vocab_size": rows,
-                         "seq_length": min(flags["max_position_embeddings"], 4096)}
-        data_section = {"tokenizer_type": kind, "tokenizer_model": str(final_tokenizer)}
-        config = RunConfig.from_dict({"model": model_section, "data": data_section})
+        model = sections["model"]
+        sections["model"] = {"model_family": family.name, **model, "padded_vocab_size": rows,
+                             "seq_length": min(model["max_position_embeddings"], 4096)}
+        sections["data"] = {"tokenizer_type": kind, "tokenizer_model": str(final_tokenizer)}
+        config = RunConfig.from_dict(sections)
         config.checkpoint.ckpt_format = "torch_dist"
         distributed.initialize(config)
         try:
@@ -140,8 +147,7 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     (partial / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    (partial / "model.yaml").write_text(yaml.safe_dump(
-        {"model": model_section, "data": data_section}, sort_keys=False))
+    (partial / "model.yaml").write_text(yaml.safe_dump(sections, sort_keys=False))
     (partial / "imported_from.json").write_text(json.dumps(
         {"huggingface": str(source.resolve()),
          "architecture": (hf.get("architectures") or [hf.get("model_type")])[0]}, indent=2))
@@ -152,9 +158,9 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("hf_dir", help="a Hugging Face model directory (LlamaForCausalLM or "
-                        "MistralForCausalLM without a sliding window: "
-                        "config.json, safetensors weights, tokenizer)")
+    parser.add_argument("hf_dir", help="a Hugging Face model directory (LlamaForCausalLM, "
+                        "MistralForCausalLM or MixtralForCausalLM without a sliding window, "
+                        "DeepseekV3ForCausalLM: config.json, safetensors weights, tokenizer)")
     parser.add_argument("out_dir", help="the checkpoint directory to write (new)")
 
 
