@@ -2,14 +2,9 @@
 
 Units per layer: `self_attention.linear_qkv` (column-parallel, d_model -> (heads + 2 groups)
 x d_head) and `self_attention.linear_proj` (row-parallel, heads x d_head -> d_model), then the
-SwiGLU MLP's. megatron's `linear_qkv.weight` (`[out, d_model]`) is interleaved per query
-group, not [all Q; all K; all V]: for each query group g held by this TP rank the rows are
-
-    [ q rows of the group's heads (heads_per_group * d_head) | k rows (d_head) | v rows (d_head) ]
-
-(`SelfAttention.get_query_key_value_tensors` splits the projection the same way). Under TP
-each rank holds `num_query_groups / tp` whole groups, so its query heads and their key heads
-are local: GQA pairing never crosses ranks.
+SwiGLU MLP's. The fused QKV weight is interleaved per query group (`llama_layout.py`). Under
+TP each rank holds `num_query_groups / tp` whole groups, so its query heads and their key
+heads are local: GQA pairing never crosses ranks. Its Hugging Face mapping: `llama_hf.py`.
 """
 
 from __future__ import annotations

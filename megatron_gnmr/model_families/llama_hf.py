@@ -4,7 +4,7 @@ export-hf, import-hf and the PEFT adapter dispatch on the family (`family.hf`); 
 llama family's. Dense runs are `LlamaForCausalLM` (`MistralForCausalLM` without a sliding window
 reads the same); MoE runs (--num-experts) are `MixtralForCausalLM`.
 
-megatron's fused QKV weight is interleaved per query group (`llama.unfused_qkv` / `fused_qkv`);
+megatron's fused QKV weight is interleaved per query group (`llama_layout.unfused_qkv`);
 Hugging Face keeps q_proj, k_proj and v_proj apart, heads in order. megatron's fc1 stacks
 [gate; up]; Hugging Face has gate_proj and up_proj (Mixtral's experts: w1 the gate, w3 the up,
 w2 the down projection, on disk one tensor per expert as transformers saves them). RoPE needs
