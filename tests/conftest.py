@@ -38,7 +38,7 @@ def pytest_configure(config):
 def _environment_as_found():
     """Each test leaves the environment as it found it, as a process of its own would (a
     module-scoped fixture's changes outlive its tests: megatron-core's model sets
-    NVTE_*_ATTN for its attention backend, and the Llama-3 example test clears them)."""
+    NVTE_*_ATTN for its attention backend, and `pretrain_in_process` clears them)."""
     import os
 
     before = dict(os.environ)

@@ -158,6 +158,13 @@ def pretrain_in_process(args: list[str]) -> int:
 
     from megatron_gnmr.training import distributed
 
+    # megatron-core's model sets NVTE_{FLASH,FUSED,UNFUSED}_ATTN for its attention backend
+    # and asserts that any value already there agrees: a model built earlier in this
+    # process (a module-scoped fixture, another run) must not decide this run's backend.
+    # A launch starts without them; so does this run, and it leaves the environment as found.
+    before = dict(os.environ)
+    for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
+        os.environ.pop(name, None)
     try:
         main(args)
         return 0
@@ -165,3 +172,5 @@ def pretrain_in_process(args: list[str]) -> int:
         return exit.code
     finally:
         distributed.shutdown()
+        os.environ.clear()
+        os.environ.update(before)

@@ -64,12 +64,7 @@ def command(tmp_path: Path, fp8: bool) -> list[str]:
             "--transformer-impl", "local"]
 
 
-def test_the_llama3_example_trains_with_dtype_bf16(tmp_path, monkeypatch):
-    # as in a fresh process: a model built earlier in this one (a module's fixture, whose
-    # environment outlives its tests) left megatron-core's NVTE_*_ATTN=1 of the auto backend,
-    # on which its `fused` backend asserts
-    for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
-        monkeypatch.delenv(name, raising=False)
+def test_the_llama3_example_trains_with_dtype_bf16(tmp_path):
     run = tmp_path / "checkpoints"
     assert pretrain_in_process(command(tmp_path, fp8=False)) == 0
     assert sorted(train_losses(run)) == list(range(1, 7))  # 48 samples / 8 per step

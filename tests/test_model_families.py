@@ -98,11 +98,15 @@ def test_resume_accepts_a_checkpoint_older_than_a_setting_at_its_default():
         check_resume("run", older, mla)
 
 
-def test_only_the_llama_family_file_names_its_fused_qkv():
+def test_only_the_llama_family_names_its_fused_qkv():
+    # the family is three files (its spec, its layout helpers, its Hugging Face mapping);
+    # nothing outside them may know how the fused QKV weight is named or laid out
     package = REPO / "megatron_gnmr"
     naming = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
                     if "linear_qkv" in path.read_text())
-    assert naming == ["model_families/llama.py"]
+    assert "model_families/llama.py" in naming
+    assert [name for name in naming
+            if not name.startswith("model_families/llama")] == []
 
 
 # -- the built model -------------------------------------------------------------------------
