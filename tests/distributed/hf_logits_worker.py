@@ -1,9 +1,11 @@
-"""Logits of checkpoints read at tensor-parallel size 2 (torchrun, 2 processes): each
-rank builds the model at TP 2, megatron-core reshards the checkpoint into it, and the
-vocabulary-parallel logits are gathered; rank 0 saves them.
+"""Logits of checkpoints read on two processes (torchrun): each rank builds the model at
+the job's layout (TP 2 by default, or EP 2 for a MoE model: each rank holds half the
+experts and the tokens travel to them), megatron-core reshards the checkpoint into it, and
+the vocabulary-parallel logits are gathered; rank 0 saves them.
 
     torchrun --nproc_per_node=2 hf_logits_worker.py JOBS.json
-    # JOBS.json: [[checkpoint directory (with config.json), tokens.pt, logits.pt], ...]
+    # JOBS.json: [[checkpoint directory (with config.json), tokens.pt, logits.pt
+    #              (, {"tp": 2} or {"ep": 2})], ...]
 """
 
 import json
@@ -24,11 +26,14 @@ def main(path: str) -> None:
     from megatron_gnmr.training.checkpoint_choice import choose
     from megatron_gnmr.training.torch_dist.run import load_model_weights
 
-    for directory, tokens_file, out_file in json.loads(open(path).read()):
+    for directory, tokens_file, out_file, *layout in json.loads(open(path).read()):
+        layout = layout[0] if layout else {"tp": 2}
         config = run_config(Path(directory))
-        config.parallel.tensor_model_parallel_size = 2
+        config.parallel.tensor_model_parallel_size = layout.get("tp", 1)
+        config.parallel.expert_model_parallel_size = layout.get("ep", 1)
         config.parallel.pipeline_model_parallel_size = 1
         config.parallel.sequence_parallel = False
+        config.parallel.use_distributed_optimizer = False
         distributed.initialize(config)
         model = build_model(config, tokenizer_of(config.data).vocab_size)
         choice = choose(directory)
