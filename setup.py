@@ -22,6 +22,8 @@ MEGATRON = [os.environ["MEGATRON_GNMR_MEGATRON_CORE"]] if os.environ.get(
 TRANSFORMER_ENGINE = ["transformer-engine[pytorch]>=2.9,<2.12; python_version < '3.12'",
                       "transformer-engine[pytorch]>=2.9,<2.19; python_version >= '3.12'"]
 TORCHAO = "torchao>=0.16,<0.19"
+# The lm-eval-harness line whose model API (TemplateLM) evaluation/lm_eval_model.py was read at.
+LM_EVAL = "lm-eval>=0.4.9,<0.5"
 
 setup(
     name="megatron-gnmr",
@@ -29,8 +31,9 @@ setup(
     description="LLaMA pretraining on megatron-core with a per-operator precision controller",
     packages=find_packages(include=["megatron_gnmr", "megatron_gnmr.*"]),
     py_modules=["pretrain_llama"],
-    # Data files the code reads beside itself (the Megatron-LM flag table).
-    package_data={"megatron_gnmr": ["**/*.json"]},
+    # Data files the code reads beside itself (the Megatron-LM flag table; the shipped
+    # lm-eval tasks: YAML, items, loader).
+    package_data={"megatron_gnmr": ["**/*.json", "evaluation/lm_eval_tasks/*"]},
     python_requires=">=3.10",
     install_requires=[
         # The model, schedules, DDP, optimizer, datasets: everything a Megatron run needs.
@@ -75,8 +78,12 @@ setup(
         # transformers' logits; a transformers model imported must give ours); peft, the judge
         # of export-hf --adapter (its LoRA over the exported base must give the merged run).
         # The CPU torch is installed first, so neither pulls a CUDA build.
+        # lm-eval: its HF model is the judge of `evaluate --lm-eval` (same task, same numbers
+        # through transformers on the export).
         "dev": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "ml_dtypes>=0.5", TORCHAO,
-                "transformers>=5", "peft>=0.17"],
+                "transformers>=5", "peft>=0.17", LM_EVAL],
+        # `megatron-gnmr evaluate --lm-eval`: lm-eval-harness's tasks over our own forward.
+        "eval": [LM_EVAL],
         # Transformer Engine FP8 on GPU (use the NGC container's TE where possible).
         "te": TRANSFORMER_ENGINE,
         # Real FP8 GEMMs without Transformer Engine (--precision-recipe fp8-torchao). Its

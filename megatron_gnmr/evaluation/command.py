@@ -9,6 +9,9 @@ says what fine-tuning changed. Written to RUN_DIR/evaluation.json (the run's low
 precision, as it would be deployed) or, with `--exact`, RUN_DIR/evaluation-exact.json (every
 unit on the recovery path: a LoRA model merged into its BF16 base); the report and
 `reproduce` read them. Printed too.
+
+`--lm-eval TASKS` runs lm-eval-harness tasks instead, on the same model through our own
+forward (`lm_eval_run.py`): RUN_DIR/lm_eval.json (lm_eval-exact.json with `--exact`).
 """
 
 from __future__ import annotations
@@ -108,6 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "data: what an imported model (import-hf) is evaluated on")
     parser.add_argument("--exact", action="store_true", help="every unit on the recovery path "
                         "(default: the run's low-cost path, the precision it would deploy in)")
+    parser.add_argument("--lm-eval", default=None, metavar="TASKS", help="comma-separated "
+                        "lm-eval-harness tasks to run instead of --tasks (shipped, from local "
+                        "files: shakespeare_cloze, shakespeare_passages; needs pip install 'megatron-gnmr[eval]')")
+    parser.add_argument("--lm-eval-include", nargs="+", default=[], metavar="DIR",
+                        help="folders of your own lm-eval task YAMLs")
+    parser.add_argument("--lm-eval-limit", type=int, default=None, metavar="N",
+                        help="the first N documents of each lm-eval task")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -123,6 +133,8 @@ def run(args: argparse.Namespace) -> dict:
             raise UserError(f"{flag} must be >= 1, got {value}")
     if not Path(args.run_dir).is_dir():
         raise UserError(f"evaluate {args.run_dir}: no such directory")
+    if getattr(args, "lm_eval", None) is not None:
+        return run_lm_eval(args)
     config = run_config(Path(args.run_dir))
     if args.context_tokens + args.continuation_tokens > config.model.seq_length + 1:
         raise UserError(f"--context-tokens + --continuation-tokens must be at most the run's "
@@ -136,5 +148,25 @@ def run(args: argparse.Namespace) -> dict:
         for key, value in results.items():
             if isinstance(value, float):
                 print(f"{key:28s} {value:.4f}")
+    shutdown()
+    return results
+
+
+def run_lm_eval(args: argparse.Namespace) -> dict:
+    from megatron_gnmr.evaluation import lm_eval_run
+    from megatron_gnmr.training.distributed import is_logging_rank, shutdown
+
+    if args.lm_eval_limit is not None and args.lm_eval_limit < 1:
+        raise UserError(f"--lm-eval-limit must be >= 1, got {args.lm_eval_limit}")
+    tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
+    manager = lm_eval_run.check_tasks(tasks, args.lm_eval_include)
+    run_config(Path(args.run_dir))  # a run directory, before anything is built
+    results = lm_eval_run.evaluate_with_lm_eval(load_run(args.run_dir, args.exact), tasks,
+                                                manager, args.lm_eval_limit)
+    results.update(run=str(args.run_dir), exact=args.exact)
+    if is_logging_rank():
+        name = "lm_eval-exact.json" if args.exact else "lm_eval.json"
+        (Path(args.run_dir) / name).write_text(json.dumps(results, indent=2, default=str))
+        print(lm_eval_run.table(results))
     shutdown()
     return results

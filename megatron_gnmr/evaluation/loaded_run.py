@@ -84,6 +84,17 @@ class LoadedRun:
                              labels=labels.to(device))
         return loss.float().cpu()
 
+    @torch.no_grad()
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The whole (padded) vocabulary's logits [batch, positions, vocab], float32 on the
+        host: under TP each rank's vocabulary slice, gathered."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+        device = run_device()
+        local = self.model[0](tokens.to(device), positions.to(device), None)
+        return gather_from_tensor_model_parallel_region(local).float().cpu()
+
     def valid_split(self, config: RunConfig | None = None, sequences: int = 64, seed: int = 0):
         """The held-out GPTDataset of this run's data (or another config's), its sequences in
         the order `seed` gives (one seed for every run of a comparison: the same questions)."""
