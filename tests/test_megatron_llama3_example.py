@@ -9,6 +9,8 @@ with its reason."""
 
 from pathlib import Path
 
+import torch
+
 from tests.helpers import pretrain_in_process, read_jsonl, train_losses
 
 # The script's arrays; sizes shrunk (8B -> 2 layers of 64; 8192 tokens -> 64; 128 sequences
@@ -68,9 +70,21 @@ def test_the_llama3_example_trains_with_dtype_bf16(tmp_path):
     run = tmp_path / "checkpoints"
     assert pretrain_in_process(command(tmp_path, fp8=False)) == 0
     assert sorted(train_losses(run)) == list(range(1, 7))  # 48 samples / 8 per step
-    lrs = {r["step"]: r["train/lr"] for r in read_jsonl(run / "metrics.jsonl")
-           if "train/lr" in r}
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "train/lr" in r]
+    lrs = {r["step"]: r["train/lr"] for r in rows}
     assert lrs[1] == 0.00015 and lrs[6] == 0.00001  # warmup 1 step, cosine to --min-lr
+    # the embedding and output layer on their own schedule, --decoupled-lr to its minimum
+    decoupled = {r["step"]: r["train/decoupled_lr"] for r in rows}
+    assert decoupled[1] == 5.0e-4 and decoupled[6] == 4.5e-5
+    assert 4.5e-5 < decoupled[3] < 5.0e-4 and decoupled[3] / lrs[3] != 5.0e-4 / 0.00015
+    # --bf16: the weights the run trained and saved are bfloat16 (the Adam state float32)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(str(run / "iter_0000006")).read_metadata().state_dict_metadata
+    weights = {k: v.properties.dtype for k, v in saved.items() if k.endswith(".weight")}
+    assert len(weights) >= 6 and set(weights.values()) == {torch.bfloat16}, weights
+    assert {v.properties.dtype for k, v in saved.items() if k.endswith(".exp_avg")} == \
+        {torch.float32}
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "6"
     assert (run / "iter_0000006" / ".metadata").is_file()
     assert any((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))

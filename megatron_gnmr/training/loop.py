@@ -360,6 +360,14 @@ class Trainer:
                             "train/step_time_s": elapsed,
                             "train/tokens_per_s": tokens_per_step / elapsed,
                             "train/ppl": math.exp(min(metrics["train/loss"], 50.0))})
+            # --decoupled-lr, as Megatron-LM logs it: the embedding's and output layer's own
+            # schedule, on the stages that hold them (megatron-core 0.16+ marks their group by
+            # its max_lr, not by is_decoupled_lr)
+            decoupled = next((g for g in self.optimizer.param_groups
+                              if t.decoupled_lr is not None and g["max_lr"] == t.decoupled_lr),
+                             None)
+            if decoupled is not None:
+                metrics["train/decoupled_lr"] = self.scheduler.get_lr(decoupled)
             if self.config.housekeeping.log_throughput:
                 metrics["train/tflops_per_device"] = self.flops_per_step / elapsed / \
                     torch.distributed.get_world_size() / 1e12
