@@ -145,3 +145,18 @@ def test_a_cpu_block_runs(page, block):
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{page.name}:\n{block}\n{result.stderr[-2000:]}"
+
+
+def test_the_guides_flag_table_is_the_one_the_code_prints():
+    """docs/guide/from-megatron-lm.md's table of Megatron-LM flags is `megatron-gnmr
+    megatron-flags`'s output: a flag moved from refused to works (or a reason changed) in
+    interop/megatron_flags.py shows in the guide, or this fails until it is regenerated."""
+    from megatron_gnmr.flag_table import table
+    from megatron_gnmr.interop.megatron_flags import RULES
+
+    page = (REPO / "docs" / "guide" / "from-megatron-lm.md").read_text()
+    shown = re.search(r"<details><summary>the table \((\d+) flags\)</summary>\n\n(.*?)\n\n"
+                      r"</details>", page, re.S)
+    assert shown, "the guide's table is missing"
+    assert shown.group(2).strip() == table(list(RULES)).strip()
+    assert int(shown.group(1)) == len(RULES)
