@@ -56,7 +56,9 @@ def measure(form: str, root: Path, model: list[str]) -> dict:
     run = root / form.replace(" ", "_")
     common = [*model, *FORMS[form], "--save", str(run)]
     _launch([*common, "--train-iters", "4", "--save-interval", "2"])
-    _launch([*common, "--train-iters", "5", "--resume", "auto", "--save-interval", "100"])
+    # one step more than the checkpoint's schedule: the run's own wins (Megatron-LM's rule)
+    _launch([*common, "--train-iters", "5", "--resume", "auto", "--save-interval", "100",
+             "--override-opt-param-scheduler"])
     saved = _events(run, "checkpoint")[0]
     return {"bytes": saved["bytes"], "loop_s": saved.get("loop_seconds", saved["seconds"]),
             "published_s": saved["seconds"], "load_s": _events(run, "resumed")[-1]["seconds"]}
