@@ -3,7 +3,7 @@ the torch format, torch_dist written synchronously, and torch_dist with --async-
 form: bytes per checkpoint, the seconds the training loop stood still for a save (the
 `checkpoint` event's `loop_seconds`: all of the save when synchronous, the snapshot and the
 writer's fork when async), the seconds until it was published (`seconds`), the load's seconds
-(the `resumed` event), and the host memory per rank a save and a load need by
+(the `resumed` event of a resume after a stop at step 3), and the host memory per rank a save and a load need by
 `estimate-memory`'s count (training/checkpoint_size.py). The save measured is an interval
 save (step 2 of 4), not the run's last, which is always synchronous.
 
@@ -52,13 +52,13 @@ def _events(run: Path, name: str) -> list[dict]:
 
 
 def measure(form: str, root: Path, model: list[str]) -> dict:
-    """The save of step 2 (of 4) and a load (the resume from step 4 to 5)."""
+    """The save of step 2 (of 4) and a load (the run stops after step 3, as a preempted
+    job does, and resumes to step 4: the same run, which every checkpoint form accepts)."""
     run = root / form.replace(" ", "_")
-    common = [*model, *FORMS[form], "--save", str(run)]
-    _launch([*common, "--train-iters", "4", "--save-interval", "2"])
-    # one step more than the checkpoint's schedule: the run's own wins (Megatron-LM's rule)
-    _launch([*common, "--train-iters", "5", "--resume", "auto", "--save-interval", "100",
-             "--override-opt-param-scheduler"])
+    common = [*model, *FORMS[form], "--save", str(run), "--train-iters", "4",
+              "--save-interval", "2"]
+    _launch([*common, "--exit-interval", "3"])
+    _launch([*common, "--resume", "auto"])
     saved = _events(run, "checkpoint")[0]
     return {"bytes": saved["bytes"], "loop_s": saved.get("loop_seconds", saved["seconds"]),
             "published_s": saved["seconds"], "load_s": _events(run, "resumed")[-1]["seconds"]}
