@@ -53,10 +53,13 @@ def _pretrain_flags() -> set[str]:
 
 
 def _script_flags() -> set[str]:
-    """Flags our scripts declare (scripts/*.py, the reproduce scripts' pass-through)."""
+    """Flags our scripts declare (scripts/*.py's argparse, the shell scripts' own tests of
+    their first argument such as `[ "${1:-}" = "--smoke" ]`)."""
     found = set()
     for path in (REPO / "scripts").rglob("*.py"):
         found |= set(re.findall(r"add_argument\(\s*\"(--[a-z0-9-]+)\"", path.read_text()))
+    for path in (REPO / "scripts").rglob("*.sh"):
+        found |= set(re.findall(r"\$\{?1[^ ]*\s*=\s*\"(--[a-z0-9-]+)\"", path.read_text()))
     return found
 
 
