@@ -2,9 +2,10 @@
 transformers with tests/test_hf_interop.py's bound: random models of transformers' own
 classes (a Llama 3.1 with its RoPE scaling, a Llama with tied embeddings, a Mistral, a
 Mixtral, a DeepSeek-V3) imported and read at TP 2, the MoE ones at EP 2 too (each rank holds
-half the experts, tokens travel to them), give transformers' logits; runs of both MoE families
-trained at EP 2 with the distributed optimizer export (gathered into one process) to models
-whose transformers logits equal ours. (A LLaMA trained at TP 2: test_hf_interop_tp.py.)"""
+half the experts, tokens travel to them), give transformers' logits; a LLaMA trained at PP 2
+and runs of both MoE families trained at EP 2, with the distributed optimizer, export
+(gathered into one process) to models whose transformers logits equal ours. (A LLaMA trained
+at TP 2: test_hf_interop_tp.py.)"""
 
 import torch
 
@@ -48,19 +49,22 @@ def test_every_family_read_and_trained_across_processes_gives_transformers_logit
             assert gap <= BOUND, (name, layout, gap)
 
     at_ep2 = ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]
-    trained = {
-        "mixtral": [*TINY, "--num-experts", str(EXPERTS), "--moe-router-topk", str(TOPK),
-                    "--train-iters", "3", "--eval-interval", "100", *at_ep2],
-        "deepseek_v3": [*DEEPSEEK_RUN, *at_ep2],
+    short = ["--train-iters", "3", "--eval-interval", "100"]
+    trained = {  # name: (flags, the layout's words)
+        "llama": ([*TINY, *short, "--pipeline-model-parallel-size", "2",
+                   "--use-distributed-optimizer"], "PP 2"),
+        "mixtral": ([*TINY, "--num-experts", str(EXPERTS), "--moe-router-topk", str(TOPK),
+                     *short, *at_ep2], "EP 2"),
+        "deepseek_v3": ([*DEEPSEEK_RUN, *at_ep2], "EP 2"),
     }
     ids = tokens(4096)
-    for name, flags in trained.items():
+    for name, (flags, where) in trained.items():
         run = tmp_path / f"{name}_run"
         run_pretrain([*flags, "--save", str(run)], nproc=2)
         assert cli("export-hf", str(run), str(tmp_path / f"{name}_export"), "--dtype",
                    "fp32") == 0
         model = judge.load(tmp_path / f"{name}_export")
         gap = relative_gap(logits_of(run, ids), judge.logits(model, ids))
-        print(f"\n{name} trained at EP 2, exported: max |ours - transformers| / max |logit| "
-              f"= {gap:.2e}")
+        print(f"\n{name} trained at {where}, exported: max |ours - transformers| / max "
+              f"|logit| = {gap:.2e}")
         assert gap <= BOUND, (name, gap)
