@@ -113,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: the run's low-cost path, the precision it would deploy in)")
     parser.add_argument("--lm-eval", default=None, metavar="TASKS", help="comma-separated "
                         "lm-eval-harness tasks to run instead of --tasks (shipped, from local "
-                        "files: shakespeare_cloze, shakespeare_passages; needs pip install 'megatron-gnmr[eval]')")
+                        "files: shakespeare_cloze, shakespeare_passages; needs pip install "
+                        "'megatron-gnmr[eval]')")
     parser.add_argument("--lm-eval-include", nargs="+", default=[], metavar="DIR",
                         help="folders of your own lm-eval task YAMLs")
     parser.add_argument("--lm-eval-limit", type=int, default=None, metavar="N",

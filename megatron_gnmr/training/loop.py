@@ -363,9 +363,9 @@ class Trainer:
             # --decoupled-lr, as Megatron-LM logs it: the embedding's and output layer's own
             # schedule, on the stages that hold them (megatron-core 0.16+ marks their group by
             # its max_lr, not by is_decoupled_lr)
-            decoupled = next((g for g in self.optimizer.param_groups
-                              if t.decoupled_lr is not None and g["max_lr"] == t.decoupled_lr),
-                             None)
+            decoupled = None if t.decoupled_lr is None else next(
+                (g for g in self.optimizer.param_groups if g.get("max_lr") == t.decoupled_lr),
+                None)
             if decoupled is not None:
                 metrics["train/decoupled_lr"] = self.scheduler.get_lr(decoupled)
             if self.config.housekeeping.log_throughput:
