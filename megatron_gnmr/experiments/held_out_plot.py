@@ -40,6 +40,9 @@ def plot_seed(table: dict, result: dict, seed: int, path: Path) -> None:
         colors[name] = line.get_color()
         if name in result["rules"] and summary.get("first_recovery"):
             left.axvline(summary["first_recovery"], color=line.get_color(), ls=":", lw=1)
+    # the early losses (about 8) would flatten the curves that matter: cut the top first, so
+    # the labels below sit inside the axes
+    left.set_ylim(top=min(left.get_ylim()[1], 6.0))
     verdict = next(iter(result["rules"].values()))[seed] if result["rules"] else {}
     if verdict.get("twin_died_at"):
         left.axvline(verdict["twin_died_at"], color="black", lw=1)
@@ -50,7 +53,6 @@ def plot_seed(table: dict, result: dict, seed: int, path: Path) -> None:
                   color="grey")
     left.set(xlabel="step", ylabel="training loss (100-step mean)",
              title=f"held-out seed {seed} (dotted: each rule's first recovery)")
-    left.set_ylim(top=min(left.get_ylim()[1], 6.0))
     left.legend(fontsize=8, frameon=False)
     for x, (rule, seeds) in enumerate(result["rules"].items()):
         for verdict in seeds.values():
@@ -61,7 +63,8 @@ def plot_seed(table: dict, result: dict, seed: int, path: Path) -> None:
             else:
                 right.scatter(x, verdict["gap"], color=colors.get(rule, "black"), alpha=0.7)
     right.axhline(result["harm_margin"], color="grey", ls="--", lw=1)
-    right.text(-0.4, result["harm_margin"], "harm margin", fontsize=8, color="grey", va="bottom")
+    right.text(0.5, result["harm_margin"], "harm margin", fontsize=8, color="grey", va="bottom",
+               ha="center")
     right.set_xticks(range(len(result["rules"])), list(result["rules"]), fontsize=8)
     right.set(ylabel="final loss gap to exact attention (x: diverged)",
               title=f"every held-out seed ({len(result['seeds'])})")
