@@ -152,6 +152,11 @@ class Trainer:
         on_every_rank(self._build_locally)
         self.optimizer, self.scheduler = build_optimizer(
             config, self.model, clip_in_megatron=not config.gnmr.enabled)
+        # --decoupled-lr, logged as Megatron-LM logs it: the embedding's and output layer's
+        # own schedule, on the stages that hold them (megatron-core 0.16+ marks their group by
+        # its max_lr, not by is_decoupled_lr)
+        self.decoupled_group = None if t.decoupled_lr is None else next(
+            (g for g in self.optimizer.param_groups if g.get("max_lr") == t.decoupled_lr), None)
         # What megatron's schedules call after backward: DDP reduction and loss scaling.
         tconfig = unwrap(self.model[0]).config
         tconfig.finalize_model_grads_func = finalize_model_grads
@@ -360,14 +365,8 @@ class Trainer:
                             "train/step_time_s": elapsed,
                             "train/tokens_per_s": tokens_per_step / elapsed,
                             "train/ppl": math.exp(min(metrics["train/loss"], 50.0))})
-            # --decoupled-lr, as Megatron-LM logs it: the embedding's and output layer's own
-            # schedule, on the stages that hold them (megatron-core 0.16+ marks their group by
-            # its max_lr, not by is_decoupled_lr)
-            decoupled = None if t.decoupled_lr is None else next(
-                (g for g in self.optimizer.param_groups if g.get("max_lr") == t.decoupled_lr),
-                None)
-            if decoupled is not None:
-                metrics["train/decoupled_lr"] = self.scheduler.get_lr(decoupled)
+            if self.decoupled_group is not None:
+                metrics["train/decoupled_lr"] = self.scheduler.get_lr(self.decoupled_group)
             if self.config.housekeeping.log_throughput:
                 metrics["train/tflops_per_device"] = self.flops_per_step / elapsed / \
                     torch.distributed.get_world_size() / 1e12
