@@ -4,8 +4,10 @@
 the installed package, never the working tree. It checks that the distribution is
 installed, that its console scripts exist next to the interpreter (`--bin`), and that every
 runtime requirement it declares (markers evaluated, extras left out) imports at a version its
-specifier allows, and that every module of the package imports; it prints each version and
-exits 1 naming every problem.
+specifier allows, and that every module of the package imports (a module that needs an
+extra's distribution which is not installed, `evaluation/lm_eval_model.py` without `[eval]`,
+is named with its extra, not counted as broken); it prints each version and exits 1 naming
+every problem.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import importlib
 import importlib.metadata as metadata
 import pkgutil
+import re
 import sys
 from pathlib import Path
 
@@ -81,18 +84,43 @@ def problems(distribution: str = DISTRIBUTION, bin_dir: Path | None = None,
         report(f"install check:   {requirement.name} {version}")
     module = importlib.import_module("megatron_gnmr")
     report(f"install check:   megatron_gnmr imported from {Path(module.__file__).parent}")
-    found += _unimportable_modules(module)
+    found += _unimportable_modules(module, extras_distributions(dist.requires or []), report)
     return found
 
 
-def _unimportable_modules(package) -> list[str]:
+def extras_distributions(requires: list[str]) -> dict[str, str]:
+    """The distributions only an extra brings (canonical name -> the first extra naming
+    it), from the `Requires-Dist` lines; one also required outright is not among them."""
+    Requirement = _requirement_type()
+    always, optional = set(), {}
+    for text in requires:
+        requirement = Requirement(text)
+        name = _canonical(requirement.name)
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", str(requirement.marker or ""))
+        if extra:
+            optional.setdefault(name, extra.group(1))
+        elif requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            always.add(name)
+    return {name: extra for name, extra in optional.items() if name not in always}
+
+
+def _unimportable_modules(package, optional: dict[str, str], report=print) -> list[str]:
     """Every module of the installed package imports (a subpackage or data file left out of
-    the wheel shows here, not in a user's first command); optional backends are import-guarded
-    inside them, so nothing here needs TE, torchao or transformers."""
+    the wheel shows here, not in a user's first command). Optional backends are import-guarded
+    inside them (nothing needs TE, torchao or transformers to import); the few modules built on
+    an extra's library (`optional`: distribution -> extra) are reported, not failed, when that
+    library is missing."""
     found = []
     for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
         try:
             importlib.import_module(module.name)
+        except ModuleNotFoundError as error:
+            missing = _canonical((error.name or "").split(".")[0])
+            if missing in optional:
+                report(f"install check:   {module.name} needs the extra "
+                       f"[{optional[missing]}] ({missing} is not installed)")
+                continue
+            found.append(f"{module.name} does not import from the installed package ({error!r})")
         except Exception as error:  # noqa: BLE001 (any import failure is the finding)
             found.append(f"{module.name} does not import from the installed package ({error!r})")
     return found
