@@ -49,6 +49,7 @@ if gpu_machine && system_cuda_torch; then
   echo "setup: GPU machine with a CUDA torch in $($PYTHON -c 'import sys; print(sys.prefix)'):" \
        "reusing it (venv with --system-site-packages)"
   $PYTHON -m venv --system-site-packages "$VENV"
+  $PYTHON scripts/container_venv_pth.py "$VENV"  # a container python that is itself a venv
   constraints="$VENV/container-constraints.txt"
   # Pin what the container brings, at the exact installed versions.
   "$VENV/bin/python" - "$constraints" <<'PY'
