@@ -3,6 +3,8 @@ side: megatron's optimizer as it is where Transformer Engine imports, a checkpoi
 one GPU index and read where it is absent, tools that must fit on the device the model fits on.
 The device audit's own checks of these classes are in tests/distributed/test_device_rule.py."""
 
+import pytest
+
 from megatron_gnmr.platform.megatron_compat import zero_adam_state
 from tests.fused_adam_like import FusedAdamLike, megatron_builds_fused_adam
 from tests.helpers import TINY, pretrain_in_process, train_losses
@@ -79,3 +81,44 @@ def test_the_tools_build_the_model_without_gradients_and_evaluate_in_micro_batch
         assert sizes == [4, 4, 2]
     finally:
         distributed.shutdown()
+
+
+def _as_if_saved_on_a_gpu(real):
+    """The generator states a GPU run writes: megatron's tracker and the device keep CUDA
+    (Philox) states, 16 bytes each, where a CPU run keeps 5056-byte CPU states."""
+    import torch
+
+    def rng_state():
+        state = real()
+        cuda_state = torch.arange(16, dtype=torch.uint8)
+        state["tracker"] = {name: cuda_state.clone() for name in state["tracker"]}
+        state["device"] = {"cuda": cuda_state.clone()}
+        return state
+    return rng_state
+
+
+@pytest.mark.parametrize("ckpt_format", ["torch", "torch_dist"])
+def test_a_gpu_checkpoint_resumed_on_the_cpu_continues_with_rederived_rng(tmp_path, monkeypatch,
+                                                                          capfd, ckpt_format):
+    """The H200 check's resume in a CPU process (2026-12-04): the GPU's CUDA generator states
+    were set into the CPU generator ('Expected a CPUGeneratorImplState of size 5056 but found
+    the input RNG state size to be 16'). The run now continues, says the streams were
+    re-derived, and (no dropout here) follows the uninterrupted run."""
+    from megatron_gnmr.training import checkpoint
+    from megatron_gnmr.training.torch_dist import content
+
+    flags = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "1",
+             "--ckpt-format", ckpt_format]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert pretrain_in_process([*flags, "--train-iters", "6", "--save", str(whole)]) == 0
+    with monkeypatch.context() as patch:
+        gpu_like = _as_if_saved_on_a_gpu(checkpoint.rng_state)
+        patch.setattr(checkpoint, "rng_state", gpu_like)
+        patch.setattr(content, "rng_state", gpu_like)
+        assert pretrain_in_process([*flags, "--train-iters", "6", "--exit-interval", "3",
+                                    "--save-interval", "3", "--save", str(parts)]) == 0
+    capfd.readouterr()
+    assert pretrain_in_process([*flags, "--train-iters", "6", "--save", str(parts),
+                                "--resume", "auto"]) == 0
+    assert "saved on another kind of device" in capfd.readouterr().out
+    assert train_losses(parts) == train_losses(whole)

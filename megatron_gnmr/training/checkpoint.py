@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from megatron.core import tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.platform import device, device_audit
@@ -67,6 +67,34 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
     device.set_rng_state(state["device"])
+
+
+def rng_fits_this_device(state: dict) -> bool:
+    """Whether a checkpoint's generator states can continue on this kind of device: megatron's
+    tracker keeps CUDA generator states on a GPU and CPU ones on the CPU (cpu_patches), and
+    neither can be set into the other (a GPU run resumed in a CPU process, or back)."""
+    here = (torch.cuda.get_rng_state() if device.has_accelerator()
+            else torch.get_rng_state()).numel()
+    return (("cuda" in state["device"]) == device.has_accelerator() and
+            all(torch.as_tensor(s).numel() == here for s in state["tracker"].values()))
+
+
+OTHER_DEVICE_RNG = ("the checkpoint's RNG streams were saved on another kind of device (GPU "
+                    "<-> CPU) and cannot continue here: they were re-derived from the seed, the "
+                    "step and the rank (dropout masks differ from an uninterrupted run)")
+
+
+def rederive_rng(seed: int, step: int) -> None:
+    """RNG streams for a layout the checkpoint was not written in: a function of the seed,
+    the step and this rank's place (the same resume gives the same streams)."""
+    rank = torch.distributed.get_rank()
+    derived = (seed * 1_000_003 + step * 7919 + rank) % (2**31)
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)
+    tensor_parallel.model_parallel_cuda_manual_seed(
+        derived + 2718 * parallel_state.get_pipeline_model_parallel_rank())
+
 
 
 def _rank_file(directory: Path, rank: int) -> Path:

@@ -152,7 +152,9 @@ class RunCheckpoints:
         else:
             meta = checkpoint.read_meta(choice.directory)
             check_resume(choice.directory, meta.get("settings"), self.settings())
-            on_every_rank(lambda: self._apply(choice.directory))
+            notes = []
+            on_every_rank(lambda: notes.extend(self._apply(choice.directory)))
+            choice.warnings.extend(notes)
         self.trainer.controller.verify_agreement(self.trainer.state.step)
         return choice
 
@@ -177,8 +179,8 @@ class RunCheckpoints:
                             "--override-opt-param-scheduler, or the checkpoint's with "
                             "--use-checkpoint-opt-param-scheduler") from None
 
-    def _apply(self, directory: Path) -> None:
-        trainer = self.trainer
+    def _apply(self, directory: Path) -> list[str]:
+        trainer, notes = self.trainer, []
         shard = checkpoint.load_shard(directory)
         try:
             for chunk, state in zip(trainer.model, shard["model"], strict=True):
@@ -193,12 +195,17 @@ class RunCheckpoints:
             trainer.state.load_state_dict(shard["run_state"])
             trainer.controller.load_state_dict(shard["controller"])
             trainer.monitors.load_state_dict(shard["monitors"])
-            checkpoint.set_rng_state(shard["rng"])
+            if checkpoint.rng_fits_this_device(shard["rng"]):
+                checkpoint.set_rng_state(shard["rng"])
+            else:
+                checkpoint.rederive_rng(trainer.config.training.seed, trainer.state.step)
+                notes.append(checkpoint.OTHER_DEVICE_RNG)
             _check_restored_devices(trainer)
         except (KeyError, ValueError, RuntimeError, TypeError, AssertionError) as error:
             first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
             raise UserError(f"--load {directory}: the shard does not fit this run "
                             f"({type(error).__name__}: {first_line})") from None
+        return notes
 
 
 def _check_restored_devices(trainer) -> None:

@@ -23,12 +23,9 @@ snapshot step (the first check after the resume is skipped), and the run says so
 from __future__ import annotations
 
 import contextlib
-import random
 from argparse import Namespace
 
-import numpy as np
 import torch
-from megatron.core import parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from megatron_gnmr.model import unwrap
@@ -134,18 +131,6 @@ def common_state(trainer, step: int, settings: dict, padded_vocab_size: int,
             "settings": settings,
         }),
     }
-
-
-def rederive_rng(seed: int, step: int) -> None:
-    """RNG streams for a layout the checkpoint was not written in: a function of the seed,
-    the step and this rank's place (the same resume gives the same streams)."""
-    rank = torch.distributed.get_rank()
-    derived = (seed * 1_000_003 + step * 7919 + rank) % (2**31)
-    random.seed(derived)
-    np.random.seed(derived)
-    torch.manual_seed(derived)
-    tensor_parallel.model_parallel_cuda_manual_seed(
-        derived + 2718 * parallel_state.get_pipeline_model_parallel_rank())
 
 
 def unpack_rank_state(loaded) -> dict:

@@ -164,15 +164,19 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
     notes = []
     if same_layout:
         rank_state = content.unpack_rank_state(loaded["rank_state"])
-        from megatron_gnmr.training.checkpoint import set_rng_state
+        from megatron_gnmr.training import checkpoint
 
-        if load_rng:
-            set_rng_state(rank_state["rng"])
+        if load_rng and checkpoint.rng_fits_this_device(rank_state["rng"]):
+            checkpoint.set_rng_state(rank_state["rng"])
         else:
-            content.rederive_rng(trainer.config.training.seed, trainer.state.step)
+            checkpoint.rederive_rng(trainer.config.training.seed, trainer.state.step)
+            if load_rng:
+                notes.append(checkpoint.OTHER_DEVICE_RNG)
         trainer.monitors.load_state_dict(rank_state["monitors"])
     else:
-        content.rederive_rng(trainer.config.training.seed, trainer.state.step)
+        from megatron_gnmr.training.checkpoint import rederive_rng
+
+        rederive_rng(trainer.config.training.seed, trainer.state.step)
         trainer.monitors.load_alarms(saved["alarms"])
         notes.append(f"resumed on another layout ({_describe(saved['layout'])} -> "
                      f"{_describe(content.layout(trainer.config))}): the model and optimizer "
