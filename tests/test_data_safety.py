@@ -207,6 +207,22 @@ def test_the_corpus_archive_must_match_its_pinned_hash(tmp_path):
     assert not (tmp_path.parent / "escape").exists()
 
 
+def test_a_relative_wheelhouse_serves_the_corpus_archive(tmp_path, monkeypatch):
+    """`WHEELHOUSE=.wh bash scripts/gpu_check.sh` on the H200 (2026-12-04): the carried
+    archive was opened as a file:// URL of a relative path ('relative path can't be
+    expressed as a file URI'). It is read from the wheelhouse, never from the network."""
+    from megatron_gnmr.data import corpus
+
+    payload = b"the carried archive"
+    (tmp_path / "wh" / "data").mkdir(parents=True)
+    (tmp_path / "wh" / "data" / "archive-1.0.tar.gz").write_bytes(payload)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WHEELHOUSE", "wh")
+    url = "https://unreachable.invalid/packages/archive-1.0.tar.gz"
+    assert corpus.download_checked(url, hashlib.sha256(payload).hexdigest(), "the corpus",
+                                   "X") == payload
+
+
 def test_nan_without_the_controller_stops_with_the_last_good_checkpoint(tmp_path):
     """Without --gnmr a NaN used to train on silently (exit 0, NaN checkpoints). Now the
     update is not applied, the run stops (exit 3), the last good checkpoint is intact, and

@@ -58,7 +58,9 @@ def carried_archive(url: str) -> Path | None:
     wheelhouse = os.environ.get("WHEELHOUSE")
     if not wheelhouse:
         return None
-    return Path(wheelhouse) / "data" / url.rsplit("/", 1)[-1]
+    # resolved: a relative WHEELHOUSE (`WHEELHOUSE=wh bash scripts/gpu_check.sh`) is read
+    # through a file:// URL, which must be absolute
+    return Path(wheelhouse).resolve() / "data" / url.rsplit("/", 1)[-1]
 
 
 def download_checked(url: str, sha256: str, what: str, variable: str) -> bytes:
