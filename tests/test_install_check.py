@@ -10,15 +10,15 @@ from megatron_gnmr.platform.install_check import _unimportable_modules, extras_d
 REQUIRES = [
     "megatron-core>=0.16",
     "numpy",
-    'lm-eval<0.5,>=0.4.9; extra == "eval"',
     'lm-eval<0.5,>=0.4.9; extra == "dev"',
     'pytest; extra == "dev"',
+    'lm-eval<0.5,>=0.4.9; extra == "eval"',
     'numpy>=2; extra == "dev"',  # also required outright: never optional
     'tomli; python_version < "3.0"',  # another Python's, not an extra's
 ]
 
 
-def test_extras_distributions_names_each_extras_library_once():
+def test_a_library_is_named_with_the_smallest_extra_that_brings_it():
     assert extras_distributions(REQUIRES) == {"lm-eval": "eval", "pytest": "dev"}
 
 

@@ -89,19 +89,23 @@ def problems(distribution: str = DISTRIBUTION, bin_dir: Path | None = None,
 
 
 def extras_distributions(requires: list[str]) -> dict[str, str]:
-    """The distributions only an extra brings (canonical name -> the first extra naming
-    it), from the `Requires-Dist` lines; one also required outright is not among them."""
+    """The distributions only an extra brings (canonical name -> the extra to name: the
+    smallest one holding it, `eval` rather than `dev` for lm-eval), from the `Requires-Dist`
+    lines; one also required outright is not among them."""
     Requirement = _requirement_type()
-    always, optional = set(), {}
+    always, extras = set(), {}
     for text in requires:
         requirement = Requirement(text)
         name = _canonical(requirement.name)
         extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", str(requirement.marker or ""))
         if extra:
-            optional.setdefault(name, extra.group(1))
+            extras.setdefault(extra.group(1), set()).add(name)
         elif requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
             always.add(name)
-    return {name: extra for name, extra in optional.items() if name not in always}
+    optional = {}
+    for extra, names in sorted(extras.items(), key=lambda item: (-len(item[1]), item[0])):
+        optional.update({name: extra for name in names - always})
+    return optional
 
 
 def _unimportable_modules(package, optional: dict[str, str], report=print) -> list[str]:
