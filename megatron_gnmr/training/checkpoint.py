@@ -96,7 +96,6 @@ def rederive_rng(seed: int, step: int) -> None:
         derived + 2718 * parallel_state.get_pipeline_model_parallel_rank())
 
 
-
 def _rank_file(directory: Path, rank: int) -> Path:
     return directory / f"rank_{rank:05d}.pt"
 
