@@ -174,9 +174,9 @@ def target_packages(path: str | None) -> dict[str, str | None]:
         line = raw.split("#", 1)[0].strip()
         if not line or line.startswith("-e") or " @ " in line:
             continue
-        name, _, version = line.partition("==")
+        name, pinned, version = line.partition("==")
         if not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or \
-                (_ and not version.strip()):
+                (pinned and not version.strip()):
             sys.exit(f"wheelhouse: --target-has {path}:{number}: {raw!r} is not NAME or "
                      "NAME==VERSION (pip list --format=freeze)")
         out[_canonical(name.strip())] = version.strip() or None

@@ -69,19 +69,26 @@ def set_rng_state(state: dict) -> None:
     device.set_rng_state(state["device"])
 
 
-def rng_fits_this_device(state: dict) -> bool:
-    """Whether a checkpoint's generator states can continue on this kind of device: megatron's
-    tracker keeps CUDA generator states on a GPU and CPU ones on the CPU (cpu_patches), and
-    neither can be set into the other (a GPU run resumed in a CPU process, or back)."""
+def restore_rng(state: dict, seed: int, step: int) -> list[str]:
+    """Continue a checkpoint's generator streams, or, where they were saved on another kind of
+    device, re-derive them (`rederive_rng`) and say so (the returned start-notice lines)."""
+    if _rng_fits_this_device(state):
+        set_rng_state(state)
+        return []
+    rederive_rng(seed, step)
+    return ["the checkpoint's RNG streams were saved on another kind of device (GPU <-> CPU) "
+            "and cannot continue here: they were re-derived from the seed, the step and the "
+            "rank (dropout masks differ from an uninterrupted run)"]
+
+
+def _rng_fits_this_device(state: dict) -> bool:
+    """Megatron's tracker keeps CUDA generator states on a GPU and CPU ones on the CPU
+    (cpu_patches), and neither can be set into the other (a GPU run resumed in a CPU
+    process, or back)."""
     here = (torch.cuda.get_rng_state() if device.has_accelerator()
             else torch.get_rng_state()).numel()
     return (("cuda" in state["device"]) == device.has_accelerator() and
             all(torch.as_tensor(s).numel() == here for s in state["tracker"].values()))
-
-
-OTHER_DEVICE_RNG = ("the checkpoint's RNG streams were saved on another kind of device (GPU "
-                    "<-> CPU) and cannot continue here: they were re-derived from the seed, the "
-                    "step and the rank (dropout masks differ from an uninterrupted run)")
 
 
 def rederive_rng(seed: int, step: int) -> None:

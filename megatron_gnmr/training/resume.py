@@ -195,11 +195,8 @@ class RunCheckpoints:
             trainer.state.load_state_dict(shard["run_state"])
             trainer.controller.load_state_dict(shard["controller"])
             trainer.monitors.load_state_dict(shard["monitors"])
-            if checkpoint.rng_fits_this_device(shard["rng"]):
-                checkpoint.set_rng_state(shard["rng"])
-            else:
-                checkpoint.rederive_rng(trainer.config.training.seed, trainer.state.step)
-                notes.append(checkpoint.OTHER_DEVICE_RNG)
+            notes += checkpoint.restore_rng(shard["rng"], trainer.config.training.seed,
+                                            trainer.state.step)
             _check_restored_devices(trainer)
         except (KeyError, ValueError, RuntimeError, TypeError, AssertionError) as error:
             first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""

@@ -161,22 +161,18 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
         trainer.optimizer.load_state_dict(_reconciled(loaded["optimizer"], state["optimizer"]))
     trainer.state.load_state_dict(saved["run_state"])
     trainer.controller.load_state_dict(saved["controller"])
-    notes = []
+    from megatron_gnmr.training import checkpoint
+
+    notes, seed, step = [], trainer.config.training.seed, trainer.state.step
     if same_layout:
         rank_state = content.unpack_rank_state(loaded["rank_state"])
-        from megatron_gnmr.training import checkpoint
-
-        if load_rng and checkpoint.rng_fits_this_device(rank_state["rng"]):
-            checkpoint.set_rng_state(rank_state["rng"])
+        if load_rng:
+            notes += checkpoint.restore_rng(rank_state["rng"], seed, step)
         else:
-            checkpoint.rederive_rng(trainer.config.training.seed, trainer.state.step)
-            if load_rng:
-                notes.append(checkpoint.OTHER_DEVICE_RNG)
+            checkpoint.rederive_rng(seed, step)
         trainer.monitors.load_state_dict(rank_state["monitors"])
     else:
-        from megatron_gnmr.training.checkpoint import rederive_rng
-
-        rederive_rng(trainer.config.training.seed, trainer.state.step)
+        checkpoint.rederive_rng(seed, step)
         trainer.monitors.load_alarms(saved["alarms"])
         notes.append(f"resumed on another layout ({_describe(saved['layout'])} -> "
                      f"{_describe(content.layout(trainer.config))}): the model and optimizer "
