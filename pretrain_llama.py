@@ -10,7 +10,6 @@ status 2 and one line naming the flag or file; nothing is written.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

@@ -108,7 +108,6 @@ def _validate_attention_backend(config: RunConfig) -> None:
                         f"{t.attention_backend} for another; give one of them")
     chosen = "flash" if t.use_flash_attn else t.attention_backend
     uses_te = backend(config.precision).transformer_engine_layers
-    flag = "--use-flash-attn" if t.use_flash_attn else f"--attention-backend {chosen}"
     if chosen == "local" and uses_te:
         raise UserError("--attention-backend local is megatron's own attention, which the "
                         "Transformer Engine layers of --precision-recipe te-fp8 do not use")

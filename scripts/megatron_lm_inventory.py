@@ -10,7 +10,6 @@ megatron-core's requirements and `six`/`regex` installed). Only the interface is
 how many values, choices, default, and which releases have the flag.
 """
 
-import argparse
 import json
 import subprocess
 import sys

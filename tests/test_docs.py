@@ -10,7 +10,6 @@ Each check is shown failing on a planted defect: a dead link and a misspelled fl
 import argparse
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

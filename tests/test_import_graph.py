@@ -9,8 +9,6 @@ import pkgutil
 import sys
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "megatron_gnmr"
 LAYERS = [
     {"errors", "platform", "limits", "jsonl"},

@@ -3,7 +3,6 @@
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

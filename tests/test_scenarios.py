@@ -40,6 +40,7 @@ def test_the_lora_scenario_is_valid_runs_from_one_base():
 
     scenario = load_scenario("lora_int8")
     base = parse_config(scenario.pretrain_flags(smoke=False))
+    validate(base, world_size=1)
     assert base.model.num_layers >= 4 and base.model.hidden_size >= 256
     assert len(scenario.seeds) >= 3 and scenario.evaluate
     assert {"exact-lora", "fixed-int8", "gnmr-int8/bf16", "qerr-peers-int8/bf16"} <= \

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.model_families.base import MLP_LINEARS
 from megatron_gnmr.model_families.llama import ATTENTION_LINEARS
+from megatron_gnmr.platform.megatron_compat import MLP_LINEARS
 
 # Norm parameters that Transformer Engine fuses into the linear after the norm
 # (`TELayerNormColumnParallelLinear.layer_norm_weight` in the attention's input projection and

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from pathlib import Path
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.experiments import detection, detection_traces
@@ -63,7 +62,7 @@ def judge(scenario, table: dict, traces: dict) -> dict:
     if len(finals) < 2:
         raise UserError("compare-held-out: needs two finished exact-attention runs or more")
     margin = harm_margin(finals)
-    twins, healthy = table.get(TWIN, {}), table.get(HEALTHY, {})
+    twins = table.get(TWIN, {})
     # a seed counts once its twin and healthy run have traces (detection is a function of
     # them); the live arms judge harm only against an exact-attention run of the same seed
     seeds = sorted(s for s in twins if (TWIN, s) in traces and (HEALTHY, s) in traces)

@@ -1,13 +1,13 @@
 """What a model family is: the contract every family file fills in.
 
 A family decides everything that depends on the shape of a decoder layer's attention (the MLP
-and its experts are megatron's SwiGLU MLP in every family, `MLP_LINEARS`): which linears are
-units and in which order, how big their GEMMs are, which megatron spec and config build the
-layer, how each unit linear is routed through a precision backend, what the attention monitor
-reads as each head's query and key maps (LoRA adapts every unit linear by default). Nothing
-outside `model_families/` builds on an attention linear's name (help texts and the former
-`--gnmr-units` default in `controller/config.py` spell LLaMA's); a third family is one file
-and one entry in `model_families/__init__.py` (docs/architecture.md shows one).
+and its experts are megatron's SwiGLU MLP in every family, `megatron_compat.MLP_LINEARS`):
+which linears are units and in which order, how big their GEMMs are, which megatron spec and
+config build the layer, how each unit linear is routed through a precision backend, what the
+attention monitor reads as each head's query and key maps (LoRA adapts every unit linear by
+default). Nothing outside `model_families/` builds on an attention linear's name (help texts
+and the former `--gnmr-units` default in `controller/config.py` spell LLaMA's); a third family
+is one file and one entry in `model_families/__init__.py` (docs/architecture.md shows one).
 """
 
 from __future__ import annotations
@@ -16,10 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
-
-# The SwiGLU MLP's linears, dense or per expert, in every family (megatron's MLP): fc1 is the
-# fused gate and up projection (column-parallel), fc2 the down projection (row-parallel).
-MLP_LINEARS = ("linear_fc1", "linear_fc2")
 
 Route = Callable[[type], type]
 """A precision backend's routing: megatron's linear class -> its path-routed subclass."""

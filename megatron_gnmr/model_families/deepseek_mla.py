@@ -39,7 +39,6 @@ import torch
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.model_families.base import (
-    MLP_LINEARS,
     QueryKeyMaps,
     UnitLinear,
     gather_rows,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.model_families.base import MLP_LINEARS, QueryKeyMaps, UnitLinear
+from megatron_gnmr.model_families.base import QueryKeyMaps, UnitLinear
 from megatron_gnmr.model_families.llama_hf import LLAMA_HF
 from megatron_gnmr.model_families.llama_layout import ATTENTION_LINEARS, PROJ, QKV, head_dim
 from megatron_gnmr.platform import megatron_compat
