@@ -273,7 +273,17 @@ class TrainingConfig:
     emulated_attention: bool = False
     """Core attention through an explicit flash-attention-style backward (fault studies)."""
     attention_fault_bits: int = limit(0, ge=0, le=10)
-    """Fault study: round O to N mantissa bits toward -inf in delta = rowsum(dO * O) (0: off)."""
+    """Fault study: round O to N mantissa bits in delta = rowsum(dO * O) (0: off; the rung's
+    other knobs: precision/attention_fault.py)."""
+    attention_fault_rounding: str = limit("down", choices=("down", "nearest"))
+    """Fault study: the rounding's direction: down (toward -inf, a bias) or nearest (ties to
+    even: the same grid without a bias)."""
+    attention_fault_share: float = limit(1.0, gt=0, le=1)
+    """Fault study: the share of O's elements the rounding takes (drawn per layer and step);
+    the others are held as the healthy low path holds them."""
+    attention_fault_peak: float = limit(0.0, ge=0, lt=1)
+    """Fault study: only rows whose largest attention probability reaches this (0: every row);
+    the others are held as the healthy low path holds them."""
     attention_fault_start: int = limit(1, ge=1)
     """Fault study: the step the attention fault switches on."""
     attention_fault_layers: str = "all"

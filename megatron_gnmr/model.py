@@ -140,11 +140,11 @@ def layer_spec(config: RunConfig, moe: bool = True):
     if backend.layer_spec is not None:
         return backend.layer_spec(family, config, num_experts)
     spec = family.local_layer_spec(config, num_experts)
-    from megatron_gnmr.precision.attention_fault import switchable_attention
+    from megatron_gnmr.precision.attention_unit import switchable_attention
 
     if config.training.emulated_attention or switchable_attention(config) or \
             getattr(family, "needs_emulated_core_attention", False):
-        from megatron_gnmr.precision.attention_fault import EmulatedFlashAttention
+        from megatron_gnmr.precision.attention_unit import EmulatedFlashAttention
 
         spec = copy.deepcopy(spec)
         megatron_compat.attention_submodules(spec).core_attention = EmulatedFlashAttention

@@ -240,7 +240,7 @@ def validate_controller(config: RunConfig) -> None:
 
     eligible_unit_names(UnitShape.of_run(config), gnmr.units, lora_units(config))  # raises if none
     probed = gnmr.probed()
-    from megatron_gnmr.precision.attention_fault import switchable_attention
+    from megatron_gnmr.precision.attention_unit import switchable_attention
     from megatron_gnmr.precision.backends import BACKENDS, backend
     from megatron_gnmr.precision.measurements import watching
 

@@ -10,7 +10,8 @@ import torch
 
 from megatron_gnmr.controller.signals import Observations
 from megatron_gnmr.controller.signals.attention_error import AttentionErrorSignal
-from megatron_gnmr.precision.attention_fault import AttentionPath, FlashAttentionFunction
+from megatron_gnmr.precision.attention_fault import FaultRounding
+from megatron_gnmr.precision.flash_attention import AttentionPath, FlashAttentionFunction
 from megatron_gnmr.precision.measurements import values
 from megatron_gnmr.precision.probes import ProbeBank
 
@@ -49,7 +50,7 @@ def test_attention_error_against_float64(runs_low_path):
     v = 1.0 + 0.3 * torch.rand(2, 3, 16, 8)
     grad_out = torch.randn(2, 3, 16, 8)
     scale, bits = 1 / math.sqrt(8), 1
-    low = AttentionPath(fault_bits=bits)
+    low = AttentionPath(fault=FaultRounding(bits))
     run = low if runs_low_path else AttentionPath()
     bank = ProbeBank(UNITS, None, ("attention_error",))
     q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))

@@ -5,11 +5,8 @@ import math
 import pytest
 import torch
 
-from megatron_gnmr.precision.attention_fault import (
-    AttentionPath,
-    FlashAttentionFunction,
-    round_toward_negative,
-)
+from megatron_gnmr.precision.attention_fault import FaultRounding, round_toward_negative
+from megatron_gnmr.precision.flash_attention import AttentionPath, FlashAttentionFunction
 
 
 def _inputs():
@@ -43,7 +40,7 @@ def test_fault_changes_query_and_key_gradients_only():
     clean = torch.autograd.grad(FlashAttentionFunction.apply(q, k, v, scale, AttentionPath()),
                                 (q, k, v), grad)
     faulty = torch.autograd.grad(
-        FlashAttentionFunction.apply(q, k, v, scale, AttentionPath(fault_bits=1)), (q, k, v),
+        FlashAttentionFunction.apply(q, k, v, scale, AttentionPath(fault=FaultRounding(1))), (q, k, v),
         grad)
     assert not torch.allclose(clean[0], faulty[0]) and not torch.allclose(clean[1], faulty[1])
     assert torch.equal(clean[2], faulty[2])  # dV does not use delta

@@ -69,7 +69,7 @@ def test_its_decisions_through_the_policy_with_no_lock():
 def test_the_metrics_count_what_the_pull_request_counts():
     """underflow % = 100 x #(x != 0 and q == 0) / #x and MSE = mean((x - q)^2), the worst
     operand's; summed over calls before the ratio."""
-    from megatron_gnmr.precision.attention_fault import AttentionPath
+    from megatron_gnmr.precision.flash_attention import AttentionPath
     from megatron_gnmr.precision.measurements import values
     from megatron_gnmr.precision.probes import ProbeBank
 

@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_gnmr.precision.attention_fault import (
+from megatron_gnmr.precision.attention_fault import FaultRounding, FaultSchedule
+from megatron_gnmr.precision.attention_unit import (
     AttentionGradSums,
-    AttentionPath,
     AttentionRuntime,
     EmulatedFlashAttention,
-    FaultSchedule,
-    FlashAttentionFunction,
 )
+from megatron_gnmr.precision.flash_attention import AttentionPath, FlashAttentionFunction
 from megatron_gnmr.precision.plan import PrecisionPlan
 from tests.helpers import TINY, read_jsonl, run_pretrain, trace_records
 
@@ -65,7 +64,7 @@ def reference(q, k, v, grad, fp8: bool, fault_bits: int):
 
 def ours(q, k, v, grad, fp8: bool, fault_bits: int):
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out = FlashAttentionFunction.apply(q, k, v, SCALE, AttentionPath(fp8, fault_bits), None)
+    out = FlashAttentionFunction.apply(q, k, v, SCALE, AttentionPath(fp8, FaultRounding(fault_bits) if fault_bits else None), None)
     return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad))
 
 

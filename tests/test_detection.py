@@ -13,13 +13,9 @@ from megatron_gnmr.controller.signals.base import Hold
 from megatron_gnmr.experiments import detection_traces
 from megatron_gnmr.experiments.detection import harm_onset
 from megatron_gnmr.experiments.detectors import Setting, first_alarm
-from megatron_gnmr.precision.attention_fault import (
-    AttentionPath,
-    AttentionRuntime,
-    FaultSchedule,
-    FlashAttentionFunction,
-    fault_layers,
-)
+from megatron_gnmr.precision.attention_fault import FaultRounding, FaultSchedule, fault_layers
+from megatron_gnmr.precision.attention_unit import AttentionRuntime
+from megatron_gnmr.precision.flash_attention import AttentionPath, FlashAttentionFunction
 from megatron_gnmr.precision.measurements import values
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.probes import ProbeBank
@@ -57,7 +53,7 @@ def test_the_bias_measurements_against_float64():
     rounding toward -inf agrees in every element (-1)."""
     torch.manual_seed(3)
     q, k, v, grad_out = (torch.randn(2, 2, 12, 8) for _ in range(4))
-    low = AttentionPath(fault_bits=1)
+    low = AttentionPath(fault=FaultRounding(1))
     bank = ProbeBank(UNITS, None, ("attention_bias", "rounding_bias"))
     FlashAttentionFunction.apply(q.clone().requires_grad_(), k, v, 0.3, low, None,
                                  bank.probe(UNITS[0]), low).backward(grad_out)
@@ -99,7 +95,8 @@ def test_a_drawn_fault_hits_its_layers_and_no_other(seed):
                                fault=FaultSchedule(1, 1, layers, step=3))
     for layer in range(4):
         path = runtime.low_path(f"layers.{layer}.self_attention.core_attention")
-        assert path.fault_bits == (1 if layer in layers else 0) and path.fp8_output
+        assert (path.fault is not None) == (layer in layers) and path.fp8_output
+        assert path.fault is None or path.fault.bits == 1
 
 
 def test_the_draw_moves_with_the_seed():

@@ -161,3 +161,21 @@ def test_budget_warmup_determinism_and_resume(config, data):
             assert set(decision.recovery) <= ever_nonfinite
     if resumed is not None:
         assert resumed.summary() == first.summary()
+
+
+def test_a_latch_keeps_what_it_selected_within_max_o():
+    """max_o 2, no GNMR (other risk only): unit 0 risky at step 3 only, unit 1 at step 5 only,
+    unit 2 from step 7: with the latch 0 and 1 stay selected to the end and 2 never gets a
+    place; without it each is selected only while risky; a resumed latch keeps them."""
+    config = dict(max_o=2, t_lock=0, delta=1, warmup=2)
+    risk = np.zeros((10, 3))
+    risk[2, 0], risk[4, 1], risk[6:, 2] = 3.0, 3.0, 5.0
+    latched, free = GNMRPolicy(GNMRConfig(**config, latch=True), 3), \
+        GNMRPolicy(GNMRConfig(**config), 3)
+    got_latched = [latched.step(np.ones(3), row, use_gnmr=False).recovery for row in risk]
+    got_free = [free.step(np.ones(3), row, use_gnmr=False).recovery for row in risk]
+    assert got_latched == [(), (), (0,), (0,), (0, 1), (0, 1), (0, 1), (0, 1), (0, 1), (0, 1)]
+    assert got_free == [(), (), (0,), (), (1,), (), (2,), (2,), (2,), (2,)]
+    resumed = GNMRPolicy(GNMRConfig(**config, latch=True), 3)
+    resumed.load_state_dict(latched.state_dict())
+    assert resumed.step(np.ones(3), np.zeros(3), use_gnmr=False).recovery == (0, 1)

@@ -63,6 +63,10 @@ class GNMRConfig:
     """What budget_rate (and max_o's cap on the bucket) is counted in: `units` (each selected
     unit spends one) or `flops` (each spends its GEMM FLOPs on the recovery path, as a share
     of all units': fc1 spends about twice fc2; precision/unit_costs.py)."""
+    latch: bool = False
+    """A unit once selected stays on the recovery path for the rest of the run (it keeps its
+    place within max_o; new selections fill what is left): one rule for every signal, so
+    arms compared with a latch hold alike."""
     alpha_schedule: Sequence = field(default=())
     """Optional piecewise-constant schedule for alpha: ((from_step, alpha), ...) or "1:3,500:2"."""
     beta_schedule: Sequence = field(default=())

@@ -53,7 +53,7 @@ class GradStats:
         self.num_units = registry.num_units
         self.probes = probes
         # Weightless units (core attention): the squared norms of the gradients they hand
-        # back, per data-parallel rank (precision/attention_fault.py).
+        # back, per data-parallel rank (precision/attention_unit.py).
         self.attention_sums = attention_sums
         self.sharded = sharded  # the distributed optimizer: gradients reduce-scattered
         self.shards: dict[int, tuple[int, int]] | None = None  # param id -> owned range

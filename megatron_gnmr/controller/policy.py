@@ -69,6 +69,7 @@ class GNMRPolicy:
         self.risky_unit_steps = 0
         self.switches = 0
         self._recovery = np.zeros(n, dtype=bool)
+        self.latched = np.zeros(n, dtype=bool)  # with config.latch: selected once, kept
         self.tokens = 0.0  # the budget_rate bucket
         self.recovery_cost_steps = 0.0  # the selected units' costs, summed over steps
 
@@ -146,11 +147,15 @@ class GNMRPolicy:
         risky |= ~finite
         risk[~finite] = np.inf
 
-        candidates = np.flatnonzero(risky | (self.locks > 0))
-        selected = self._select(candidates, risk[candidates])
+        candidates = np.flatnonzero(risky | (self.locks > 0) | self.latched)
+        # latched units first (they keep their place), then by risk
+        ranked = np.where(self.latched, np.inf, risk)
+        selected = self._select(candidates, ranked[candidates])
 
         in_selection = np.zeros(self.num_units, dtype=bool)
         in_selection[selected] = True
+        if cfg.latch:
+            self.latched |= in_selection
         relock = in_selection & risky
         self.locks -= ~relock & (self.locks > 0) & ~risky  # decay
         self.locks[relock] = cfg.t_lock
@@ -221,7 +226,7 @@ class GNMRPolicy:
             "recovery_cost_share": self.recovery_cost_steps / eligible,
         }
 
-    _ARRAYS = ("norm_sum", "norm_count", "gnmr_count", "locks", "_recovery")
+    _ARRAYS = ("norm_sum", "norm_count", "gnmr_count", "locks", "_recovery", "latched")
     _COUNTERS = ("t", "eligible_unit_steps", "recovery_unit_steps", "risky_unit_steps", "switches")
     _FLOATS = ("tokens", "recovery_cost_steps")
 
@@ -241,6 +246,8 @@ class GNMRPolicy:
                 f"{self.config.delta}"
             )
         for name in self._ARRAYS:
+            if name == "latched" and name not in state:  # a checkpoint from before the latch
+                continue
             setattr(self, name, np.array(state[name], copy=True))
         self._window = np.ascontiguousarray(np.asarray(state["gnmr_ring"], dtype=np.float64).T)
         for name in self._COUNTERS:

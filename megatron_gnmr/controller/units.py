@@ -49,7 +49,7 @@ class UnitShape:
     first_dense_layers: int = 0
     core_attention: bool = False
     """Each layer's core attention is a unit too (low-precision attention is switchable:
-    `precision/attention_fault.py`), between the input projections and the output one."""
+    `precision/attention_unit.py`), between the input projections and the output one."""
     attention_linears: tuple[str, ...] = ATTENTION_LINEARS
     """The attention's unit linears in canonical order, output projection last (the model
     family's; LLaMA's by default)."""
@@ -70,7 +70,7 @@ class UnitShape:
     def of_run(cls, config) -> "UnitShape":
         """The shape of a `RunConfig`'s model, with its core attention a unit when the run's
         attention has a low-cost path."""
-        from megatron_gnmr.precision.attention_fault import switchable_attention
+        from megatron_gnmr.precision.attention_unit import switchable_attention
 
         return cls.of(config, switchable_attention(config))
 

@@ -40,13 +40,22 @@ def check_precision(config) -> None:
 
 
 def check_attention_precision(config) -> None:
-    from megatron_gnmr.precision.attention_fault import fault_layers, switchable_attention
+    from megatron_gnmr.precision.attention_fault import fault_layers
+    from megatron_gnmr.precision.attention_unit import switchable_attention
     from megatron_gnmr.precision.backends import backend
 
     precision = config.precision
     if precision.attention_fp8_output and precision.attention_precision != "fp8":
         raise UserError("--attention-fp8-output holds O in FP8 inside FP8 attention's backward; "
                         "give --attention-precision fp8")
+    training = config.training
+    if not training.attention_fault_bits:
+        for flag, value, default in (("rounding", training.attention_fault_rounding, "down"),
+                                     ("share", training.attention_fault_share, 1.0),
+                                     ("peak", training.attention_fault_peak, 0.0)):
+            if value != default:
+                raise UserError(f"--attention-fault-{flag} shapes the attention fault; give "
+                                "--attention-fault-bits N to turn the fault on")
     try:
         fault_layers(config.training.attention_fault_layers, config.model.num_layers,
                      config.training.seed)

@@ -81,7 +81,7 @@ class PrecisionConfig:
     """The core attention's low-cost path: exact, or fp8 (Q, K, V and P in E4M3, dO in E5M2,
     per-tensor current scaling, as FP8 attention holds them; emulated). With fp8 (or an
     attention fault) each layer's core attention is a unit whose recovery path is exact
-    attention (precision/attention_fault.py)."""
+    attention (precision/attention_unit.py)."""
     attention_fp8_output: bool = False
     """--attention-precision fp8: the backward also holds O in E4M3 inside delta = rowsum(dO *
     O), as Transformer Engine's FP8 attention saves it for its backward (an unbiased rounding;

@@ -6,7 +6,7 @@ business (`precision/measurements/`: `qerr`, the low path's rounding error; `ora
 weight gradient's true error); the bank holds one row of float64 sums per unit, each
 measurement owning a contiguous run of slots, and a unit's probe hands each GEMM event to
 every measurement of the run that watches that kind of unit (a unit linear's GEMMs, or a core
-attention's operands and backward: `precision/attention_fault.py` calls the latter).
+attention's operands and backward: `precision/flash_attention.py` calls the latter).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class UnitProbe:
         self.attention_slots = [(measurement, Slots(row[where]))
                                 for measurement, where in bank.layout
                                 if measurement.watches == "attention"]
+        self.watches_output = any(m.reads_output for m, _ in self.attention_slots)
 
     @property
     def keeps_exact_input(self) -> bool:
@@ -86,7 +87,7 @@ class UnitProbe:
     @torch.no_grad()
     def attention_operands(self, low_path, run_path, operands: dict, group) -> None:
         """A core attention's FP8 operands (name -> (exact, held)); the paths are
-        `attention_fault.AttentionPath`s."""
+        `flash_attention.AttentionPath`s."""
         for measurement, slots in self.attention_slots:
             measurement.attention_operands(slots, low_path, run_path, operands, group)
 
@@ -96,6 +97,12 @@ class UnitProbe:
         for measurement, slots in self.attention_slots:
             measurement.attention_delta(slots, low_path, run_path, probabilities, grad_p,
                                         grad_out, out, group)
+
+    @torch.no_grad()
+    def attention_kernel(self, view) -> None:
+        """The call as a production kernel exposes it (`kernel_view.KernelView`)."""
+        for measurement, slots in self.attention_slots:
+            measurement.attention_kernel(slots, view)
 
 
 def build_probes(config, registry) -> ProbeBank | None:

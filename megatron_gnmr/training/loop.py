@@ -56,12 +56,8 @@ from megatron_gnmr.monitors.runtime import MonitorSuite, NoMonitors
 from megatron_gnmr.observe.loggers import NullLogger, build_loggers
 from megatron_gnmr.platform.device import run_device, to_run_device
 from megatron_gnmr.platform.housekeeping import Housekeeping
-from megatron_gnmr.precision.attention_fault import (
-    EmulatedFlashAttention,
-    FaultSchedule,
-    bind_attention,
-    fault_layers,
-)
+from megatron_gnmr.precision.attention_fault import fault_schedule
+from megatron_gnmr.precision.attention_unit import EmulatedFlashAttention, bind_attention
 from megatron_gnmr.precision.backends import backend as precision_backend
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.unit_costs import RecoveredShare
@@ -202,9 +198,7 @@ class Trainer:
                    if not isinstance(m, EmulatedFlashAttention)}
         bind_precision(linears, config, self.plan, probes)
         self.faults = FaultHooks(t.inject_nonfinite, linears, from_environment=True)
-        self.attention_fault = FaultSchedule(
-            t.attention_fault_bits, t.attention_fault_start,
-            fault_layers(t.attention_fault_layers, config.model.num_layers, t.seed))
+        self.attention_fault = fault_schedule(t, config.model.num_layers)
         attention_sums = bind_attention(self.model, units_here, self.plan, config,
                                         self.attention_fault, registry, probes)
         self.controller = Controller(

@@ -23,10 +23,18 @@ import numpy as np
 
 from megatron_gnmr.controller.signals.attention_bias import (
     AttentionBiasSignal,
+    KernelDeltaBiasSignal,
+    KernelOutputBiasSignal,
     RoundingBiasSignal,
 )
-from megatron_gnmr.controller.signals.attention_error import AttentionErrorSignal
-from megatron_gnmr.controller.signals.autoswitch import AutoswitchSignal
+from megatron_gnmr.controller.signals.attention_error import (
+    AttentionErrorSignal,
+    KernelDeltaErrorSignal,
+)
+from megatron_gnmr.controller.signals.autoswitch import (
+    AutoswitchSignal,
+    AutoswitchWithOutputSignal,
+)
 from megatron_gnmr.controller.signals.base import Observations, RiskSignal
 from megatron_gnmr.controller.signals.monitor import MonitorSignal
 from megatron_gnmr.controller.signals.oracle import OracleSignal
@@ -45,6 +53,10 @@ SIGNALS: dict[str, type[RiskSignal] | None] = {
     "attention_error": AttentionErrorSignal,
     "attention_bias": AttentionBiasSignal,
     "rounding_bias": RoundingBiasSignal,
+    "autoswitch_o": AutoswitchWithOutputSignal,
+    "kernel_output_bias": KernelOutputBiasSignal,
+    "kernel_delta_bias": KernelDeltaBiasSignal,
+    "kernel_delta_error": KernelDeltaErrorSignal,
 }
 
 # The gnmr section's fields that belong to a signal (controller/config.py composes them).

@@ -74,3 +74,20 @@ class RoundingBiasSignal(AttentionBiasSignal):
 
     name = "rounding_bias"
     observes = ("rounding_bias",)
+
+
+class KernelOutputBiasSignal(AttentionBiasSignal):
+    """`kernel_output_bias`: the same test on what the kernel probe sees, the sign agreement
+    of O's error against a float64 recomputation of sampled rows from the kernel's own Q, K
+    and V (`precision/measurements/kernel_probe.py`): nothing of the fault is read."""
+
+    name = "kernel_output_bias"
+    observes = ("kernel_output_bias",)
+
+
+class KernelDeltaBiasSignal(AttentionBiasSignal):
+    """`kernel_delta_bias`: the same test on the kernel probe's delta error (the backward's
+    delta against dO . O recomputed in float64 on sampled rows)."""
+
+    name = "kernel_delta_bias"
+    observes = ("kernel_delta_bias",)

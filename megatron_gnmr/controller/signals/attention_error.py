@@ -52,7 +52,7 @@ class AttentionErrorSignal(RiskSignal):
 
     def scores(self, observations: Observations) -> np.ndarray:
         self.recent = np.roll(self.recent, -1, axis=0)
-        self.recent[-1] = observations.measured["attention_error"]
+        self.recent[-1] = observations.measured[self.observes[0]]
         self.seen += 1
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a unit never measured: NaN
@@ -67,3 +67,12 @@ class AttentionErrorSignal(RiskSignal):
         self.hold.load_state_dict(state["hold"] if "hold" in state else legacy_hold(state))
         self.recent = np.array(state["recent"], dtype=np.float64)
         self.seen = int(state["seen"])
+
+
+class KernelDeltaErrorSignal(AttentionErrorSignal):
+    """`kernel_delta_error`: the same rule on the kernel probe's relative delta error (the
+    backward's delta against dO . O recomputed in float64 on sampled rows), with the same
+    knobs; nothing of the fault is read."""
+
+    name = "kernel_delta_error"
+    observes = ("kernel_delta_error",)

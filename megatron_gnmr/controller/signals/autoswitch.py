@@ -61,9 +61,9 @@ class AutoswitchSignal(RiskSignal):
         self.everywhere = settings.get("autoswitch_scope", "unit") == "global"
 
     def scores(self, observations: Observations) -> np.ndarray:
+        underflow, mse = (observations.measured[name] for name in self.observes)
         with np.errstate(invalid="ignore"):
-            score = np.fmax(observations.measured["fp8_underflow"] / self.underflow_pct,
-                            observations.measured["fp8_mse"] / self.mse)  # NaN: not measured
+            score = np.fmax(underflow / self.underflow_pct, mse / self.mse)  # NaN: not measured
         if self.everywhere and np.isfinite(score).any():
             score = np.full_like(score, np.nanmax(score))  # the worst unit's, for every unit
         return self.hold(score)
@@ -73,3 +73,12 @@ class AutoswitchSignal(RiskSignal):
 
     def load_state_dict(self, state: dict) -> None:
         self.hold.load_state_dict(state["hold"] if "hold" in state else legacy_hold(state))
+
+
+class AutoswitchWithOutputSignal(AutoswitchSignal):
+    """`autoswitch_o`: the same rule with the right to see O too (`fp8_underflow_o`,
+    `fp8_mse_o`: O against the low path's hold of it, the tensor a delta-stage fault lives in),
+    the rival given what our probe is given."""
+
+    name = "autoswitch_o"
+    observes = ("fp8_underflow_o", "fp8_mse_o")

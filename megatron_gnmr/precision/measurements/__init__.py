@@ -22,7 +22,15 @@ from megatron_gnmr.precision.measurements.first_order_loss import (
 )
 from megatron_gnmr.precision.measurements.fp8_tensor_quality import (
     FP8MeanSquaredError,
+    FP8MeanSquaredErrorWithOutput,
     FP8Underflow,
+    FP8UnderflowWithOutput,
+)
+from megatron_gnmr.precision.measurements.kernel_probe import (
+    KernelDeltaBias,
+    KernelDeltaError,
+    KernelOutputBias,
+    KernelProbeCost,
 )
 from megatron_gnmr.precision.measurements.quantization_error import QuantizationError
 from megatron_gnmr.precision.measurements.weight_gradient_error import WeightGradientError
@@ -31,7 +39,9 @@ MEASUREMENTS: dict[str, Measurement] = {
     m.name: m for m in (QuantizationError(), WeightGradientError(), FirstOrderLossCost(),
                         GrossFirstOrderLossCost(), AttentionDeltaError(), FP8Underflow(),
                         FP8MeanSquaredError(), AttentionDeltaBias(),
-                        OutputRoundingBias())}
+                        OutputRoundingBias(), FP8UnderflowWithOutput(),
+                        FP8MeanSquaredErrorWithOutput(), KernelOutputBias(),
+                        KernelDeltaBias(), KernelDeltaError(), KernelProbeCost())}
 
 # Keys a trace record already uses (controller/trace.py): no measurement may take them.
 RESERVED = frozenset({"type", "step", "norms", "recovery", "alarmed"})

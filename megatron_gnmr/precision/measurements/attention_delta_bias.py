@@ -32,10 +32,11 @@ class AttentionDeltaBias(Measurement):
     @torch.no_grad()
     def attention_delta(self, slots: Slots, low_path, run_path, probabilities, grad_p,
                         grad_out, out, group) -> None:
-        from megatron_gnmr.precision.attention_fault import held_output
+        from megatron_gnmr.precision.flash_attention import held_output
 
         grad_out, out = grad_out.float(), out.float()
-        error = (grad_out * (held_output(out, low_path, group) - out)).sum(dim=-1)
+        held = held_output(out, low_path, group, probabilities)
+        error = (grad_out * (held - out)).sum(dim=-1)
         slots.add(0, error.sum())
         slots.add(1, error.abs().sum())
 
@@ -58,10 +59,10 @@ class OutputRoundingBias(Measurement):
     @torch.no_grad()
     def attention_delta(self, slots: Slots, low_path, run_path, probabilities, grad_p,
                         grad_out, out, group) -> None:
-        from megatron_gnmr.precision.attention_fault import held_output
+        from megatron_gnmr.precision.flash_attention import held_output
 
         out = out.float()
-        error = held_output(out, low_path, group) - out
+        error = held_output(out, low_path, group, probabilities) - out
         slots.add(0, error.sum())
         slots.add(1, error.abs().sum())
 

@@ -35,11 +35,12 @@ class AttentionDeltaError(Measurement):
     @torch.no_grad()
     def attention_delta(self, slots: Slots, low_path, run_path, probabilities, grad_p,
                         grad_out, out, group) -> None:
-        from megatron_gnmr.precision.attention_fault import held_output
+        from megatron_gnmr.precision.flash_attention import held_output
 
         grad_out, out, p = grad_out.float(), out.float(), probabilities.float()
         delta_exact = (grad_out * out).sum(dim=-1, keepdim=True)
-        delta_low = (grad_out * held_output(out, low_path, group)).sum(dim=-1, keepdim=True)
+        held = held_output(out, low_path, group, probabilities)
+        delta_low = (grad_out * held).sum(dim=-1, keepdim=True)
         # sum_ij P_ij^2 (delta_low - delta_exact)_i^2, without a [rows, keys] temporary
         slots.add(0, torch.sum((delta_low - delta_exact).square()
                                * p.square().sum(dim=-1, keepdim=True)))

@@ -10,7 +10,7 @@ and scored offline.
 
 A measurement watches one kind of unit (`watches`): the unit linears' GEMMs (above), or the
 core attention (`--attention-precision fp8` / `--attention-fault-bits`: its `attention_*`
-hooks, called by `precision/attention_fault.py` with the attention's FP8 operands and its
+hooks, called by `precision/flash_attention.py` with the attention's FP8 operands and its
 backward's delta stage).
 
 Sums are what crosses ranks, so a measurement's value must be a function of sums (sums of
@@ -89,6 +89,9 @@ class Measurement(Protocol):
     watches = "linear"
     """The units it measures: `linear` (the unit linears' GEMMs, where a precision recipe
     quantizes) or `attention` (the core attention's low-cost path)."""
+    reads_output = False
+    """Whether `attention_operands` wants O (`o`: O and the low path's hold of it, made in the
+    shadow where the unit runs exact), besides the operands FP8 attention quantizes."""
 
     def forward(self, slots: Slots, low_path, x, weight, run_path, x_q, w_q, saved,
                 group) -> None:
@@ -107,12 +110,16 @@ class Measurement(Protocol):
                            group) -> None:
         """The core attention's FP8 operands (`q`, `k`, `v`, `p` in the forward, `do` in the
         backward, one call each): name -> (the exact tensor, what the run path holds).
-        `low_path`, `run_path`: `attention_fault.AttentionPath`s."""
+        `low_path`, `run_path`: `flash_attention.AttentionPath`s."""
 
     def attention_delta(self, slots: Slots, low_path, run_path, probabilities, grad_p,
                         grad_out, out, group) -> None:
         """The attention backward's delta stage: P (softmax), dP = dO V^T, the dO it used and
         the exact output O; the run computed delta = rowsum(dO * O as the path holds it)."""
+
+    def attention_kernel(self, slots: Slots, view) -> None:
+        """The attention call as a production kernel exposes it (`kernel_view.KernelView`:
+        Q, K, V as read, O as stored, dO, the backward's delta), on the path the unit ran."""
 
     def value(self, sums: np.ndarray) -> np.ndarray:
         """[units, slots] all-reduced sums -> [units] values (NaN: not measured)."""

@@ -11,6 +11,10 @@ operands. Where ours differs: the counts and squared errors are summed over the 
 micro-batches and every TP rank's heads before the ratio (one decision for all ranks, from
 the whole tensors; the pull request decides per rank, per micro-batch call). A recovered
 attention is measured in the shadow (its operands quantized aside as the low path would).
+
+`fp8_underflow_o` and `fp8_mse_o` give the rule the right to see O as well, the tensor a fault
+of the delta stage lives in (issue 56's fair arm): O against O as the low path's backward
+holds it (E4M3 on the healthy path, the fault's rounding where it acts).
 """
 
 from __future__ import annotations
@@ -25,28 +29,33 @@ OPERANDS = ("q", "k", "v", "p", "do")
 
 class FP8Underflow(Measurement):
     name = "fp8_underflow"
+    operands = OPERANDS
     slots = 3 * len(OPERANDS)  # per operand: underflowed elements, squared error, elements
     watches = "attention"
 
     @torch.no_grad()
     def attention_operands(self, slots: Slots, low_path, run_path, operands: dict,
                            group) -> None:
-        from megatron_gnmr.precision.attention_fault import fp8_spec_of
+        from megatron_gnmr.precision.flash_attention import fp8_spec_of
         from megatron_gnmr.precision.scaling import quantize
 
         if not low_path.fp8:
             return  # the low path holds these operands exactly
         for name, (exact, held) in operands.items():
-            low = held if run_path.fp8 else quantize(exact, fp8_spec_of(name), group)
+            if name not in self.operands:
+                continue
+            # O comes with the low path's hold of it, made in the shadow by the kernel
+            low = held if run_path.fp8 or name == "o" else \
+                quantize(exact, fp8_spec_of(name), group)
             exact, low = exact.float(), low.float()
-            where = 3 * OPERANDS.index(name)
+            where = 3 * self.operands.index(name)
             slots.add(where, torch.count_nonzero((exact != 0) & (low == 0)))
             slots.add(where + 1, torch.dist(low, exact).square())
             slots.add_count(where + 2, exact.numel())  # a number: no copy to the device
 
     def per_operand(self, sums: np.ndarray) -> np.ndarray:
         """[units, operands, (underflowed, squared error, elements)]."""
-        return sums.reshape(sums.shape[0], len(OPERANDS), 3)
+        return sums.reshape(sums.shape[0], len(self.operands), 3)
 
     def worst(self, part: np.ndarray, elements: np.ndarray) -> np.ndarray:
         """The worst operand's part / elements per unit (NaN: nothing measured)."""
@@ -67,3 +76,15 @@ class FP8MeanSquaredError(FP8Underflow):
     def value(self, sums: np.ndarray) -> np.ndarray:
         per = self.per_operand(sums)
         return self.worst(per[..., 1], per[..., 2])
+
+
+class FP8UnderflowWithOutput(FP8Underflow):
+    name = "fp8_underflow_o"
+    operands = (*OPERANDS, "o")
+    slots = 3 * len(operands)
+    reads_output = True
+
+
+class FP8MeanSquaredErrorWithOutput(FP8UnderflowWithOutput):
+    name = "fp8_mse_o"
+    value = FP8MeanSquaredError.value
