@@ -1,6 +1,6 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
 compare-alarms, compare-signals, compare-closed-loop, compare-detectors, compare-held-out,
-compare-frontier, estimate-memory, calibrate, evaluate, merge-lora, dashboard, megatron-flags,
+compare-ladder, compare-lr-edge, compare-frontier, estimate-memory, calibrate, evaluate, merge-lora, dashboard, megatron-flags,
 export-hf, import-hf)."""
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ def build_parser():
         detection,
         frontier,
         held_out,
+        ladder,
+        lr_edge,
         runner,
         signal_comparison,
     )
@@ -46,6 +48,8 @@ def build_parser():
         ("compare-closed-loop", closed_loop, "did the controller save the runs that die?"),
         ("compare-detectors", detection, "which alarm is early and specific, from traces"),
         ("compare-held-out", held_out, "the detection study's held-out round, judged once"),
+        ("compare-ladder", ladder, "the fault ladder: lethality, the probe, detectors per rung"),
+        ("compare-lr-edge", lr_edge, "final loss against the learning rate, per precision"),
         ("compare-frontier", frontier, "which units to keep high: the budget-quality "
                                        "frontier"),
         ("dashboard", dashboard, "the W&B workspace for a run's keys (or its offline spec)"),

@@ -31,3 +31,11 @@ def fisher_one_sided(failed_a: int, runs_a: int, failed_b: int, runs_b: int) -> 
     low = max(0, total_failed - runs_b)
     return sum(math.comb(runs_a, k) * math.comb(runs_b, total_failed - k)
                for k in range(low, failed_a + 1)) / denominator
+
+
+def sign_test_one_sided(only_a_failed: int, only_b_failed: int) -> float:
+    """The paired sign test (McNemar's exact form) over seeds both arms ran: of the seeds where
+    exactly one arm failed, P(A is the one at most `only_a_failed` times) under the null that
+    either is equally likely: the test that A fails LESS often than B, seed for seed."""
+    discordant = only_a_failed + only_b_failed
+    return sum(math.comb(discordant, k) for k in range(only_a_failed + 1)) / 2 ** discordant

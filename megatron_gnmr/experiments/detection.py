@@ -146,13 +146,16 @@ def choose(rows: list[Row], family: str | None = None) -> Row | None:
                                                r.before_death), default=None)
 
 
-def load_cases(traces: Path, seeds: list[int] | None) -> tuple[list[SeedCase], float]:
-    """Every seed with both traces (of `seeds`), and the harm margin they give."""
+def load_cases(traces: Path, seeds: list[int] | None,
+               twin: str = TWIN) -> tuple[list[SeedCase], float]:
+    """Every seed with both traces (of `seeds`; the twin is the variant `twin`), and the harm
+    margin they give."""
     found = {}
     for path in sorted(traces.glob("*.npz")):
         variant, _, seed = path.stem.rpartition("-seed")
-        if variant in (TWIN, HEALTHY) and seed.isdigit():
-            found.setdefault(int(seed), {})[variant] = detection_traces.read(path)
+        if variant in (twin, HEALTHY) and seed.isdigit():
+            found.setdefault(int(seed), {})[TWIN if variant == twin else variant] = \
+                detection_traces.read(path)
     pairs = {seed: runs for seed, runs in found.items()
              if len(runs) == 2 and (seeds is None or seed in seeds)}
     if len(pairs) < 2:

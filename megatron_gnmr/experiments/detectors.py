@@ -15,6 +15,12 @@ Families (`FAMILIES`), all acting per core attention unless said:
 - spectral: the attention monitor's alarm (the trend model on the dW_q/dW_k update spectra, as
   the run raised it live: one setting);
 - gnmr: GNMR's own exceedances (alpha, with beta = 3/4 alpha).
+
+The fault ladder's families (`LADDER_FAMILIES`, issue 56) all run under one rule (`FAIR`: at
+most 2 units, no bucket, the policy's latch, no signal-level hold), except the TE rule also
+without the latch (as its pull request runs); they read only the kernel probe, TE's metrics
+(with and without O) and the gradient norms. `oracle-rounding-sign`, section 13's signal,
+re-applies the fault's rounding: it is replayed for comparison and never chosen.
 """
 
 from __future__ import annotations
@@ -75,7 +81,40 @@ FAMILIES = (
            {"max_o": 2, "t_lock": 5, "delta": 8, "warmup": 16},
            "GNMR exceedances (beta = 3/4 alpha)"),
 )
-FAMILY = {family.name: family for family in FAMILIES}
+# Issue 56: every arm under one rule (at most 2 units, no bucket, the policy's latch).
+FAIR = {"max_o": 2, "t_lock": 0, "delta": 1, "warmup": 2, "latch": True}
+UNLATCHED = {**FAIR, "latch": False}
+SIGN_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+SIZE_GRID = (0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3)
+SIGN_FIXED = {"attention_bias_drift": 0.05, "attention_bias_hold": 0}
+ORACLE = "oracle-rounding-sign"
+
+LADDER_FAMILIES = (
+    Family("probe-output-sign", "kernel_output_bias", "attention_bias_threshold", SIGN_GRID,
+           SIGN_FIXED, FAIR, "CUSUM on the sign agreement of O's error, kernel probe"),
+    Family("probe-delta-sign", "kernel_delta_bias", "attention_bias_threshold", SIGN_GRID,
+           SIGN_FIXED, FAIR, "CUSUM on the sign agreement of delta's error, kernel probe"),
+    Family("probe-delta-size", "kernel_delta_error", "attention_error_threshold", SIZE_GRID,
+           {"attention_error_window": 1, "attention_error_hold": 0}, FAIR,
+           "delta's relative error, kernel probe, each step"),
+    Family("probe-delta-size-median50", "kernel_delta_error", "attention_error_threshold",
+           SIZE_GRID, {"attention_error_window": 50, "attention_error_hold": 0},
+           {**FAIR, "warmup": 50}, "its median over 50 steps, from step 50"),
+    Family("te-unit-latch", "autoswitch", TE_THRESHOLDS, TE_GRID, {"autoswitch_scope": "unit"},
+           FAIR, "TE AutoswitchGemm per unit, with the latch"),
+    Family("te-unit-nolatch", "autoswitch", TE_THRESHOLDS, TE_GRID,
+           {"autoswitch_scope": "unit"}, UNLATCHED, "the same without a latch (its PR)"),
+    Family("te-o-latch", "autoswitch_o", TE_THRESHOLDS, TE_GRID, {"autoswitch_scope": "unit"},
+           FAIR, "TE's rule allowed to see O too, with the latch"),
+    Family("te-o-nolatch", "autoswitch_o", TE_THRESHOLDS, TE_GRID,
+           {"autoswitch_scope": "unit"}, UNLATCHED, "the same without a latch"),
+    Family("gnmr-latch", "gnmr", "alpha", (1.5, 2.0, 3.0, 5.0, 10.0, 20.0), {},
+           {"max_o": 2, "t_lock": 5, "delta": 8, "warmup": 16, "latch": True},
+           "GNMR exceedances (beta = 3/4 alpha), with the latch"),
+    Family(ORACLE, "rounding_bias", "attention_bias_threshold", SIGN_GRID, SIGN_FIXED, FAIR,
+           "section 13's signal: re-applies the fault's rounding (an oracle, never chosen)"),
+)
+FAMILY = {family.name: family for family in (*FAMILIES, *LADDER_FAMILIES)}
 
 
 @dataclass(frozen=True)
@@ -109,8 +148,9 @@ class Setting:
         return GNMRConfig(**policy), signal
 
 
-def settings(families=None) -> list[Setting]:
-    return [Setting(f.name, value) for f in FAMILIES if families is None or f.name in families
+def settings(families=None, among=FAMILIES) -> list[Setting]:
+    """Every setting of the families `among` (named in `families`, or all of them)."""
+    return [Setting(f.name, value) for f in among if families is None or f.name in families
             for value in f.grid]
 
 

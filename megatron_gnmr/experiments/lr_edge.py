@@ -1,0 +1,180 @@
+"""`megatron-gnmr compare-lr-edge SCENARIO`: the learning-rate edge (issue 56 item 5), as
+Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training
+instabilities") measure it: the final loss of each arm (`ARM-lrVALUE` variants: BF16, FP8,
+...) against the peak learning rate, over seeds, from the committed run summaries alone.
+
+- final loss: the mean training loss over the last 300 steps; a run that diverged (the
+  divergence rule of section 3) counts as the loss it started from (Wortsman's
+  min(loss, initial loss): it learnt nothing that lasted);
+- an arm fails at an LR where a seed diverged, or where its mean final loss is more than
+  `TOLERANCE` above its own best over the grid; its **edge** is the largest LR reached from
+  its best LR upwards without a failure;
+- LR sensitivity: the mean over the grid of (final loss - the arm's best), Wortsman's
+  E_eta[min(l(eta), l_0) - l*];
+- per LR, FP8 against BF16 seed for seed (the same data and initial weights): the gap's mean
+  and the number of seeds on which FP8 is worse.
+Writes DIR/lr_edge.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.experiments.closed_loop_runs import run_summary
+from megatron_gnmr.experiments.run_summaries import add_location_arguments, collect, locations
+
+VARIANT = re.compile(r"^(?P<arm>.+)-lr(?P<lr>[0-9.e+-]+)$")
+TOLERANCE = 0.1  # nats above the arm's best: the run trains, but the LR has cost it
+
+
+def final_loss(summary: dict) -> float:
+    if summary["diverged_at"] is not None or summary["final_train_loss"] is None:
+        return summary["initial_loss"]
+    return summary["final_train_loss"]
+
+
+def _summary(run_dir) -> dict:
+    """The run's summary and the validation loss it started from (its step-0 evaluation)."""
+    summary = run_summary(run_dir)
+    summary["initial_loss"] = json.loads((run_dir / "summary.json").read_text()).get(
+        "initial_valid_loss")
+    return summary
+
+
+def judge(table: dict) -> dict:
+    arms: dict[str, dict[float, dict[int, dict]]] = {}
+    for variant, by_seed in table.items():
+        match = VARIANT.match(variant)
+        if match is None:
+            raise UserError(f"compare-lr-edge: variant {variant!r} is not ARM-lrVALUE")
+        arms.setdefault(match["arm"], {})[float(match["lr"])] = by_seed
+    out = {"tolerance": TOLERANCE, "arms": {}}
+    for arm, by_lr in arms.items():
+        rows = {}
+        for lr in sorted(by_lr):
+            runs = by_lr[lr]
+            losses = {seed: final_loss(s) for seed, s in runs.items()}
+            rows[lr] = {"seeds": sorted(runs), "final": losses,
+                        "mean": statistics.fmean(losses.values()) if losses else None,
+                        "diverged": sorted(s for s, r in runs.items()
+                                           if r["diverged_at"] is not None)}
+        best_lr = min(rows, key=lambda lr: rows[lr]["mean"])
+        best = rows[best_lr]["mean"]
+        for row in rows.values():
+            row["fails"] = bool(row["diverged"]) or row["mean"] > best + TOLERANCE
+        edge = best_lr  # the largest LR reached from the best one without a failure
+        for lr in (lr for lr in rows if lr > best_lr):
+            if rows[lr]["fails"]:
+                break
+            edge = lr
+        out["arms"][arm] = {"rows": rows, "best": best, "edge": edge,
+                            "sensitivity": statistics.fmean(r["mean"] - best
+                                                            for r in rows.values())}
+    if {"bf16", "fp8"} <= set(out["arms"]):
+        out["paired"] = _paired(out["arms"]["fp8"]["rows"], out["arms"]["bf16"]["rows"])
+    return out
+
+
+def _paired(fp8: dict, bf16: dict) -> dict:
+    """Per LR both arms ran: FP8 - BF16 per shared seed, its mean, and FP8's worse seeds."""
+    paired = {}
+    for lr in sorted(set(fp8) & set(bf16)):
+        seeds = sorted(set(fp8[lr]["final"]) & set(bf16[lr]["final"]))
+        gaps = [fp8[lr]["final"][s] - bf16[lr]["final"][s] for s in seeds]
+        paired[lr] = {"gaps": gaps, "mean_gap": statistics.fmean(gaps) if gaps else None,
+                      "fp8_worse": sum(g > 0 for g in gaps), "seeds": len(gaps)}
+    return paired
+
+
+def table_lines(result: dict) -> list[str]:
+    arms = result["arms"]
+    lrs = sorted({lr for arm in arms.values() for lr in arm["rows"]})
+    lines = [f"Final loss (mean of the last 300 steps; a diverged run counts its initial loss) "
+             f"per arm and peak LR, mean over seeds; x: a seed diverged; a row fails where a "
+             f"seed diverged or the mean is more than {result['tolerance']} above the arm's "
+             "best.", "",
+             "| arm | " + " | ".join(f"{lr:g}" for lr in lrs) + " | edge | LR sensitivity |",
+             "|---|" + "---|" * (len(lrs) + 2)]
+    for name, arm in arms.items():
+        cells = []
+        for lr in lrs:
+            row = arm["rows"].get(lr)
+            if row is None:
+                cells.append("-")
+                continue
+            mark = f" x{len(row['diverged'])}" if row["diverged"] else ""
+            cells.append(f"{'**' if row['fails'] else ''}{row['mean']:.3f}{mark}"
+                         f"{'**' if row['fails'] else ''}")
+        edge = "-" if arm["edge"] is None else f"{arm['edge']:g}"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {edge} | "
+                     f"{arm['sensitivity']:.3f} |")
+    if "paired" in result:
+        lines += ["", "FP8 against BF16, seed for seed (same data and initial weights):", "",
+                  "| LR | mean gap FP8 - BF16 | seeds FP8 worse |", "|---|---|---|"]
+        for lr, row in result["paired"].items():
+            lines.append(f"| {lr:g} | {row['mean_gap']:+.4f} | {row['fp8_worse']}/"
+                         f"{row['seeds']} |")
+    return lines
+
+
+def plot(result: dict, table: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for name, arm in result["arms"].items():
+        lrs = sorted(arm["rows"])
+        line, = left.plot(lrs, [arm["rows"][lr]["mean"] for lr in lrs], marker="o", label=name)
+        for lr in lrs:
+            finals = list(arm["rows"][lr]["final"].values())
+            left.scatter([lr] * len(finals), finals, s=10, color=line.get_color(), alpha=0.5)
+        for lr in lrs[-3:]:
+            for seed, summary in table[f"{name}-lr{_spelled(lr, table, name)}"].items():
+                curve = summary["loss_every_25_steps"]
+                steps = sorted(curve, key=int)
+                right.plot([int(s) for s in steps], [curve[s] for s in steps],
+                           color=line.get_color(), alpha=0.35, lw=0.8)
+    left.set_xscale("log")
+    left.set_xlabel("peak learning rate")
+    left.set_ylabel("final training loss (diverged: initial)")
+    left.legend()
+    left.set_title("the LR edge: final loss against the peak LR")
+    right.set_xlabel("step")
+    right.set_ylabel("training loss")
+    right.set_ylim(top=min(9.0, right.get_ylim()[1]))
+    right.set_title("the three highest LRs, every seed")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def _spelled(lr: float, table: dict, arm: str) -> str:
+    """The variant's own spelling of `lr` (0.003, not 3e-3)."""
+    return next(VARIANT.match(v)["lr"] for v in table
+                if VARIANT.match(v)["arm"] == arm and float(VARIANT.match(v)["lr"]) == lr)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", help="an LR sweep scenario (lr_edge)")
+    add_location_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> dict:
+    scenario, runs, summaries = locations(args)
+    table = collect(scenario, runs, summaries, _summary)
+    if not table:
+        raise UserError(f"compare-lr-edge: no finished run under {runs} or {summaries}")
+    result = judge(table)
+    cpus = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
+    lines = [*table_lines(result), "", f"Runs made on: {', '.join(cpus)}."]
+    (summaries / "lr_edge.md").write_text("\n".join(lines) + "\n")
+    (summaries / "lr_edge.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, table, summaries / "lr_edge.png")
+    print("\n".join(lines))
+    return result

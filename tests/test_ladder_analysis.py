@@ -1,0 +1,73 @@
+"""The analyses of issue 56, against hand computations: the LR edge's table (Wortsman's
+final loss with diverged runs at their initial loss, the edge, the sensitivity, the paired
+gaps), the ladder's lethality at a margin, its choice among detector settings, and the paired
+sign test."""
+
+import pytest
+
+from megatron_gnmr.experiments.closed_loop_statistics import sign_test_one_sided
+from megatron_gnmr.experiments.detection import Row
+from megatron_gnmr.experiments.ladder import choose_for_held_out, lethality
+from megatron_gnmr.experiments.lr_edge import judge
+
+
+def _run(final, diverged_at=None, initial=8.0):
+    return {"final_train_loss": final, "diverged_at": diverged_at, "initial_loss": initial}
+
+
+def test_the_lr_edge_by_hand():
+    table = {
+        "bf16-lr0.01": {1: _run(4.0), 2: _run(4.2)},     # mean 4.1 (best)
+        "bf16-lr0.02": {1: _run(4.1), 2: _run(4.25)},    # 4.175: within 0.1
+        "bf16-lr0.04": {1: _run(4.3), 2: _run(4.3)},     # 4.3: fails (> 4.2)
+        "fp8-lr0.01": {1: _run(4.05), 2: _run(4.25)},    # 4.15 (best)
+        "fp8-lr0.02": {1: _run(4.1), 2: _run(9.0, diverged_at=700)},  # a seed diverged
+        "fp8-lr0.04": {1: _run(4.2), 2: _run(4.2)},      # within, but past a failure
+    }
+    result = judge(table)
+    bf16, fp8 = result["arms"]["bf16"], result["arms"]["fp8"]
+    assert bf16["edge"] == 0.02 and fp8["edge"] == 0.01
+    assert fp8["rows"][0.02]["final"][2] == 8.0  # diverged: its initial loss
+    assert fp8["rows"][0.02]["mean"] == pytest.approx((4.1 + 8.0) / 2)
+    assert bf16["sensitivity"] == pytest.approx((0.0 + 0.075 + 0.2) / 3)
+    assert result["paired"][0.02]["gaps"] == pytest.approx([0.0, 8.0 - 4.25])
+    assert result["paired"][0.01]["fp8_worse"] == 2
+
+
+def test_lethality_counts_death_and_harm_at_each_margin():
+    table = {"twin-r": {1: {"diverged_at": 900, "final_train_loss": None},
+                        2: {"diverged_at": None, "final_train_loss": 4.05},
+                        3: {"diverged_at": None, "final_train_loss": 4.015},
+                        4: {"diverged_at": None, "final_train_loss": 4.0}},
+             "exact-attention": {s: {"diverged_at": None, "final_train_loss": 4.0}
+                                 for s in (1, 2, 3)}}  # seed 4 has no exact run: not judged
+    result = lethality(table, "r", {"exact": 0.02, "healthy": 0.06})
+    assert result["judged"] == 3 and result["died"] == 1
+    assert result["lethal_at_exact"] == 2  # died; +0.05 > 0.02; +0.015 is not
+    assert result["lethal_at_healthy"] == 1  # only the death at 0.06
+
+
+def _row(label, family, early, dying, fired, lead=None):
+    return Row(label, family, None, dying, early, early, early, lead, None, 8, fired, None, 0,
+               0, {})
+
+
+def test_the_choice_is_quiet_then_most_early_then_best_worst_rung_then_highest_threshold():
+    by_setting = {
+        "a 1": {"x": _row("a 1", "a", 8, 8, 1), "y": _row("a 1", "a", 8, 8, 1)},  # loud
+        "a 2": {"x": _row("a 2", "a", 8, 8, 0, 50), "y": _row("a 2", "a", 2, 8, 0, 50)},
+        "a 4": {"x": _row("a 4", "a", 5, 8, 0, 50), "y": _row("a 4", "a", 5, 8, 0, 50)},
+        "a 8": {"x": _row("a 8", "a", 5, 8, 0, 50), "y": _row("a 8", "a", 5, 8, 0, 50)},
+        "b 1": {"x": _row("b 1", "b", 8, 8, 0, 90), "y": _row("b 1", "b", 8, 8, 0, 90)},
+    }
+    # a 2, a 4 and a 8 name 10 early: a 4 and a 8 have the better worst rung; a 8 is higher
+    assert choose_for_held_out(by_setting, ["x", "y"], ("a",)) == "a 8"
+    assert choose_for_held_out(by_setting, ["x", "y"], ("a", "b")) == "b 1"
+    assert choose_for_held_out(by_setting, ["x"], ("a",)) == "a 2"  # on x alone it names most
+    assert choose_for_held_out(by_setting, [], ("a",)) is None
+
+
+def test_the_paired_sign_test_by_hand():
+    assert sign_test_one_sided(0, 14) == pytest.approx(0.5 ** 14)
+    assert sign_test_one_sided(1, 3) == pytest.approx(5 / 16)  # (1 + 4) / 2^4
+    assert sign_test_one_sided(0, 0) == 1.0
