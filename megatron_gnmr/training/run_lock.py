@@ -8,7 +8,13 @@ refreshed by a heartbeat thread; it names the holder's host, pid, job and when i
 second launch is refused in one line naming them. A lock whose holder is gone is taken over
 (with a notice): one whose heartbeat is older than `STALE_S` (any host: the clocks of a
 cluster's nodes agree to seconds, the heartbeat is minutes), or whose pid is no longer alive
-on this host, or one left by an earlier attempt of this same torchrun job (a restart).
+on this host, or one left by an earlier attempt of this same job: a Slurm requeue (the job id
+kept, `SLURM_RESTART_COUNT` counting requeues) or a torchrun restart
+(`TORCHELASTIC_RESTART_COUNT`), compared in that order. A lock must never turn a recoverable
+job into a failed one: where the holder is this same job and nothing tells whether it lives
+(no counter moved, another host), the launch waits for its heartbeat to go stale, says so,
+and takes it over; if the heartbeat moves meanwhile, its holder lives and the launch is
+refused.
 """
 
 from __future__ import annotations
@@ -30,8 +36,18 @@ STALE_S = 300.0
 def _identity() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(),
             "job": os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID"),
-            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "requeue": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _same_job(holder: dict, me: dict) -> bool:
+    return me["job"] is not None and holder.get("job") == me["job"]
+
+
+def _generation(identity: dict) -> tuple[int, int]:
+    """(Slurm requeues, torchrun restarts): a later attempt of a job has a larger one."""
+    return int(identity.get("requeue", 0)), int(identity.get("attempt", 0))
 
 
 def _alive_here(pid: int) -> bool:
@@ -50,9 +66,9 @@ def _gone(holder: dict, age_s: float, me: dict) -> str | None:
         return f"no heartbeat for {age_s:.0f} s"
     if holder.get("host") == me["host"] and not _alive_here(int(holder.get("pid", -1))):
         return "its process has ended"
-    if me["job"] is not None and holder.get("job") == me["job"] and \
-            holder.get("attempt", 0) < me["attempt"]:
-        return "an earlier attempt of this job"
+    if _same_job(holder, me) and _generation(holder) < _generation(me):
+        requeue, attempt = _generation(holder)
+        return f"an earlier attempt of this job (requeue {requeue}, restart {attempt})"
     return None
 
 
@@ -93,6 +109,8 @@ class RunLock:
         except (OSError, json.JSONDecodeError):
             holder, age = {}, STALE_S + 1  # unreadable: a crash while writing it
         reason = _gone(holder, age, self.me)
+        if reason is None and _same_job(holder, self.me):
+            reason = self._wait_for_stale(holder, age)
         if reason is None:
             raise UserError(
                 f"--save {self.path.parent} is in use by a live job: host "
@@ -103,6 +121,24 @@ class RunLock:
         self.taken_over = f"{LOCK} of host {holder.get('host')} pid {holder.get('pid')} " \
                           f"taken over ({reason})"
         self.path.unlink(missing_ok=True)
+
+    def _wait_for_stale(self, holder: dict, age: float) -> str | None:
+        """This job's own lock from an attempt nothing tells apart (another host, no counter
+        moved: a requeue whose counter did not reach us): wait until its heartbeat is
+        `STALE_S` old, saying so. None if the heartbeat moves meanwhile (its holder lives)."""
+        print(f"[run lock] {LOCK} is held by this job ({holder.get('job')}) on host "
+              f"{holder.get('host')} pid {holder.get('pid')}, and nothing tells whether that "
+              f"holder lives: waiting up to {max(0.0, STALE_S - age):.0f} s for its heartbeat "
+              "to go stale before resuming", flush=True)
+        try:
+            beat = self.path.stat().st_mtime
+            while time.time() - beat <= STALE_S:
+                time.sleep(min(HEARTBEAT_S / 6, STALE_S / 10))
+                if self.path.stat().st_mtime != beat:
+                    return None
+        except FileNotFoundError:
+            return "released while waiting"
+        return f"no heartbeat for {time.time() - beat:.0f} s"
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
