@@ -352,7 +352,8 @@ class CheckpointConfig:
     no_load_optim: bool = False
     """Resume without the optimizer's and the LR scheduler's state (Megatron-LM's meaning)."""
     no_load_rng: bool = False
-    """Resume without the RNG state (re-derived from the seed, the step and the rank)."""
+    """Resume without the RNG state (re-derived from the seed and the step, as a run's start
+    seeds them)."""
     use_checkpoint_args: bool = False
     """Read the model's settings (every --model and family flag) from --load's checkpoint, as
     Megatron-LM does to fine-tune a converted checkpoint without restating its shape; a flag

@@ -4,6 +4,7 @@ one GPU index and read where it is absent, tools that must fit on the device the
 The device audit's own checks of these classes are in tests/distributed/test_device_rule.py."""
 
 import pytest
+import torch
 
 from megatron_gnmr.platform.megatron_compat import zero_adam_state
 from tests.fused_adam_like import FusedAdamLike, megatron_builds_fused_adam
@@ -122,3 +123,35 @@ def test_a_gpu_checkpoint_resumed_on_the_cpu_continues_with_rederived_rng(tmp_pa
                                 "--resume", "auto"]) == 0
     assert "saved on another kind of device" in capfd.readouterr().out
     assert train_losses(parts) == train_losses(whole)
+
+
+@pytest.mark.parametrize("pipeline_rank", [0, 1])
+def test_rederived_streams_keep_megatrons_rule_across_tensor_parallel_ranks(monkeypatch,
+                                                                            pipeline_rank):
+    """Re-derived after a resume on another layout, as at a run's start: the default
+    generator (the replicated residual stream's dropout) is the same on both TP ranks of a
+    stage, the model-parallel tracker differs between them, and both differ between stages.
+    Before: every rank's default generator was seeded with its own global rank."""
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    from megatron_gnmr.platform.cpu_patches import apply_cpu_patches
+    from megatron_gnmr.training import checkpoint
+
+    apply_cpu_patches()
+    streams = {}
+    monkeypatch.setattr(parallel_state, "get_pipeline_model_parallel_rank",
+                        lambda: pipeline_rank)
+    for name in ("get_expert_model_parallel_rank", "get_expert_tensor_parallel_rank"):
+        monkeypatch.setattr(megatron_random, name, lambda: 0)
+    for tp_rank in (0, 1):
+        monkeypatch.setattr(megatron_random, "get_tensor_model_parallel_rank", lambda: tp_rank)
+        monkeypatch.setattr(torch.distributed, "get_rank",
+                            lambda *a, **k: 2 * pipeline_rank + tp_rank)
+        checkpoint.rederive_rng(seed=7, step=300)
+        tracker = tensor_parallel.get_cuda_rng_tracker().get_states()
+        streams[tp_rank] = (torch.get_rng_state(), tracker["model-parallel-rng"])
+    assert torch.equal(streams[0][0], streams[1][0])  # the default generator: equal
+    assert not torch.equal(streams[0][1], streams[1][1])  # the tracker: per TP rank
+    checkpoint.rederive_rng(seed=7, step=300)
+    assert torch.equal(torch.get_rng_state(), streams[1][0])  # the same resume, the same

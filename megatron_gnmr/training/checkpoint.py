@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import tensor_parallel
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.platform import device, device_audit
@@ -77,8 +77,8 @@ def restore_rng(state: dict, seed: int, step: int) -> list[str]:
         return []
     rederive_rng(seed, step)
     return ["the checkpoint's RNG streams were saved on another kind of device (GPU <-> CPU) "
-            "and cannot continue here: they were re-derived from the seed, the step and the "
-            "rank (dropout masks differ from an uninterrupted run)"]
+            "and cannot continue here: they were re-derived from the seed and the step, as a "
+            "run's start seeds them (dropout masks differ from an uninterrupted run)"]
 
 
 def _rng_fits_this_device(state: dict) -> bool:
@@ -92,15 +92,14 @@ def _rng_fits_this_device(state: dict) -> bool:
 
 
 def rederive_rng(seed: int, step: int) -> None:
-    """RNG streams for a layout the checkpoint was not written in: a function of the seed,
-    the step and this rank's place (the same resume gives the same streams)."""
-    rank = torch.distributed.get_rank()
-    derived = (seed * 1_000_003 + step * 7919 + rank) % (2**31)
-    random.seed(derived)
-    np.random.seed(derived)
-    torch.manual_seed(derived)
-    tensor_parallel.model_parallel_cuda_manual_seed(
-        derived + 2718 * parallel_state.get_pipeline_model_parallel_rank())
+    """RNG streams for a layout the checkpoint was not written in: seeded from the seed and
+    the step as a run's start seeds them (`distributed.set_seeds`), so the same resume gives
+    the same streams and they keep Megatron's rule: the default generator equal on every TP
+    rank of a stage (the replicated residual stream's dropout), the model-parallel tracker
+    one per TP rank."""
+    from megatron_gnmr.training.distributed import set_seeds
+
+    set_seeds((seed * 1_000_003 + step * 7919) % (2**31))
 
 
 def _rank_file(directory: Path, rank: int) -> Path:

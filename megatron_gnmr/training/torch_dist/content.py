@@ -16,8 +16,10 @@ alarm book, the layout it was written in and the resume settings.
 
 Per rank, a ShardedObject keyed by global rank: the RNG streams and the attention monitor's
 weight snapshots (shards of W_q/W_k). They belong to one layout: on another, the RNG streams
-are re-derived from the seed, the step and the rank, the snapshots are taken again at the next
-snapshot step (the first check after the resume is skipped), and the run says so at start.
+are re-derived from the seed and the step (as a run's start seeds them: the default generator
+equal across TP ranks, the model-parallel tracker one per TP rank), the snapshots are taken
+again at the next snapshot step (the first check after the resume is skipped), and the run
+says so at start.
 """
 
 from __future__ import annotations

@@ -176,9 +176,9 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
         trainer.monitors.load_alarms(saved["alarms"])
         notes.append(f"resumed on another layout ({_describe(saved['layout'])} -> "
                      f"{_describe(content.layout(trainer.config))}): the model and optimizer "
-                     "were resharded; the per-rank RNG streams were re-derived from the seed, "
-                     "the step and the rank, and the attention monitor takes its weight "
-                     "snapshots again (its next check is skipped)")
+                     "were resharded; the RNG streams were re-derived from the seed and the "
+                     "step as a run's start seeds them, and the attention monitor takes its "
+                     "weight snapshots again (its next check is skipped)")
     return notes
 
 
