@@ -205,3 +205,15 @@ def test_one_sided_detectors_alarm_only_on_the_failure_side(make):
     down[50:] -= 1.0
     assert alarms(make(-1), up) == [] and alarms(make(-1), down)
     assert alarms(make(+1), down) == [] and alarms(make(+1), up)
+
+
+def test_every_unit_has_a_name_of_its_own_and_one_unit_means_one(monkeypatch):
+    """TE's global scope lets every unit switch (max_o = the model's units); a family whose
+    max_o is the integer 1 keeps one unit (in Python 1 == 1.0, which once read as 'every')."""
+    from megatron_gnmr.experiments import detectors
+
+    assert detectors.Setting("te-global", (5.0, 1e-4)).controller(4)[0].max_o == 4
+    one = detectors.Family("one-unit", "gnmr", "alpha", (2.0,), {},
+                           {**detectors.PER_UNIT, "max_o": 1})
+    monkeypatch.setitem(detectors.FAMILY, "one-unit", one)
+    assert detectors.Setting("one-unit", 2.0).controller(4)[0].max_o == 1

@@ -31,6 +31,8 @@ from megatron_gnmr.controller.config import GNMRConfig
 from megatron_gnmr.controller.replay import Decisions
 from megatron_gnmr.controller.trace import Trace
 
+EVERY_UNIT = "every unit"  # a family's max_o that grows with the model: all its units at once
+
 # What every per-unit detector runs with: it acts from the step after its first alarm and
 # keeps what it recovered (hold -1, where the signal holds), no lock beyond its own hold.
 PER_UNIT = {"max_o": 2, "t_lock": 0, "delta": 1, "warmup": 2}
@@ -74,7 +76,7 @@ FAMILIES = (
     Family("te-unit", "autoswitch", TE_THRESHOLDS, TE_GRID, {"autoswitch_scope": "unit"},
            text="TE AutoswitchGemm: underflow % or MSE above its threshold, per unit"),
     Family("te-global", "autoswitch", TE_THRESHOLDS, TE_GRID, {"autoswitch_scope": "global"},
-           {**PER_UNIT, "max_o": 1.0}, "the same, TE's global scope (every unit)"),
+           {**PER_UNIT, "max_o": EVERY_UNIT}, "the same, TE's global scope (every unit)"),
     Family("spectral", "monitor", None, (None,), {"monitor_hold": -1},
            text="the attention monitor's spectral alarm, as raised live"),
     Family("gnmr", "gnmr", "alpha", (1.5, 2.0, 3.0, 5.0, 10.0, 20.0), {},
@@ -136,7 +138,7 @@ class Setting:
         """(policy config, signal settings) for a model of `units` core attentions."""
         family = FAMILY[self.family]
         policy = dict(family.policy)
-        if policy["max_o"] == 1.0:  # every unit at once
+        if policy["max_o"] == EVERY_UNIT:
             policy["max_o"] = units
         signal = {"signals": family.signals, **family.fixed}
         if family.knob == "alpha":
