@@ -71,3 +71,21 @@ def test_the_paired_sign_test_by_hand():
     assert sign_test_one_sided(0, 14) == pytest.approx(0.5 ** 14)
     assert sign_test_one_sided(1, 3) == pytest.approx(5 / 16)  # (1 + 4) / 2^4
     assert sign_test_one_sided(0, 0) == 1.0
+
+
+def test_a_settings_flags_make_a_live_run_decide_as_its_replay():
+    """Every ladder family's setting, written as flags for the held-out scenario and parsed
+    back as a run parses them, gives the policy and the signal settings its replay uses."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.experiments.detectors import LADDER_FAMILIES, Setting
+    from megatron_gnmr.experiments.ladder_held_out import parse_label, setting_flags
+
+    base = ["--attention-precision", "fp8", "--gnmr", "--gnmr-units", "core_attention"]
+    for family in LADDER_FAMILIES:
+        setting = Setting(family.name, family.grid[-1])
+        assert parse_label(setting.label) == setting
+        parsed = parse_config([*base, *setting_flags(setting)]).gnmr
+        config, signal = setting.controller(4)
+        assert parsed.policy_config() == config, family.name
+        settings = parsed.signal_settings(run_seed=1)
+        assert {key: settings[key] for key in signal} == signal, family.name

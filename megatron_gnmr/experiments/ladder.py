@@ -162,8 +162,11 @@ def judge(scenario, table: dict, traces: Path, seeds=None) -> dict:
     ranked_over = lethal or list(rungs)  # no rung kills: each family at its best anyway
     best = {family.name: choose_for_held_out(by_setting, ranked_over, (family.name,))
             for family in LADDER_FAMILIES}
-    return {"margins": margins, "rungs": rungs, "lethal_rungs": lethal,
-            "chosen": choose_for_held_out(by_setting, lethal, OURS),
+    chosen = choose_for_held_out(by_setting, lethal, OURS)
+    chosen_spends = [spends[chosen][rung]["recovered"] for rung in lethal
+                     if chosen is not None and spends[chosen].get(rung) is not None]
+    return {"margins": margins, "rungs": rungs, "lethal_rungs": lethal, "chosen": chosen,
+            "chosen_spend": statistics.fmean(chosen_spends) if chosen_spends else None,
             "rivals": {family: best[family] for family in RIVALS}, "best": best,
             "oracle": ORACLE,
             "settings": {label: {rung: {**asdict(row), "spend": spends[label].get(rung)}
