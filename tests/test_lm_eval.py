@@ -2,13 +2,16 @@
 same model exported and read by transformers (its HFLM): the shipped local tasks (a
 multiple-choice cloze, rolling-window perplexity) give the same metrics, every choice's
 log-likelihood agrees within 1e-4 and its greedy flag is the same; the comparison fails when
-our scores are read one position off; bad input is one line."""
+our scores are read one position off; bad input is one line. The same with a Hugging Face BPE
+tokenizer whose BOS is not its EOS (nothing adds it, or its template does, as Llama's): each
+document's rolling log-likelihood within 1e-4, bits per byte within 1e-5."""
 
 import json
 
 import pytest
 import torch
 
+from tests.hf_bpe_tokenizer import BOS, bpe_tokenizer_with_bos, corpus_in
 from tests.helpers import TINY, pretrain_in_process
 from tests.test_hf_interop import cli
 
@@ -24,6 +27,20 @@ LIMIT = 16
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm_eval")
     assert pretrain_in_process([*TINY, "--train-iters", "20", "--eval-interval", "100",
+                                "--save", str(root / "run")]) == 0
+    assert cli("export-hf", str(root / "run"), str(root / "hf"), "--dtype", "fp32") == 0
+    return root
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["bos_unused", "bos_in_template"])
+def exported_with_bos(request, tmp_path_factory):
+    """A run trained on text in a BPE tokenizer whose BOS (1) is not its EOS (2), exported."""
+    root = tmp_path_factory.mktemp("lm_eval_bos")
+    tokenizer = bpe_tokenizer_with_bos(root / "tokenizer", template=request.param)
+    prefix = corpus_in(tokenizer, root / "data")
+    assert pretrain_in_process([*TINY, "--tokenizer-type", "HuggingFaceTokenizer",
+                                "--tokenizer-model", str(tokenizer), "--data-path", prefix,
+                                "--train-iters", "20", "--eval-interval", "100",
                                 "--save", str(root / "run")]) == 0
     assert cli("export-hf", str(root / "run"), str(root / "hf"), "--dtype", "fp32") == 0
     return root
@@ -79,6 +96,33 @@ def test_lm_eval_on_our_forward_equals_lm_eval_through_transformers(exported):
           f"(log-likelihoods {min(s for s, _ in judge):.1f} to {max(s for s, _ in judge):.1f})")
     assert gap <= 1e-4
     assert [g for _, g in mine] == [g for _, g in judge]
+
+
+def _document_log_likelihoods(result) -> list[float]:
+    return [float(sample["resps"][0][0]) for sample in result["samples"]["shakespeare_passages"]]
+
+
+def test_a_tokenizer_with_a_bos_gives_lm_eval_numbers_on_the_export(exported_with_bos):
+    """lm-eval's HFLM conditions a document's first token on the tokenizer's BOS and encodes
+    with the tokenizer's template: our forward must do the same, and the export must say
+    which id is BOS."""
+    hf_dir = exported_with_bos / "hf"
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((hf_dir / name).read_text())["bos_token_id"] == BOS, name
+    theirs, ours = _through_transformers(exported_with_bos), _ours(exported_with_bos)
+    mine, judge = _document_log_likelihoods(ours), _document_log_likelihoods(theirs)
+    assert len(mine) == len(judge) == LIMIT
+    gap = max(abs(a - b) for a, b in zip(mine, judge))
+    bits = [result["results"]["shakespeare_passages"]["bits_per_byte,none"]
+            for result in (ours, theirs)]
+    choices = [_choice_scores(result) for result in (ours, theirs)]
+    choice_gap = max(abs(a - b) for (a, _), (b, _) in zip(*choices))
+    print(f"\nBPE with BOS: max |ours - lm-eval| per document {gap:.1e} (log-likelihoods "
+          f"{min(judge):.1f} to {max(judge):.1f}), per choice {choice_gap:.1e}; bits per byte "
+          f"{bits[0]:.7f} against {bits[1]:.7f}")
+    assert gap <= 1e-4
+    assert abs(bits[0] - bits[1]) <= 1e-5
+    assert choice_gap <= 1e-4 and [g for _, g in choices[0]] == [g for _, g in choices[1]]
 
 
 def test_scores_read_one_position_off_break_the_agreement(exported, monkeypatch):

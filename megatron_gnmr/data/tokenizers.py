@@ -17,8 +17,11 @@ unless given `--legacy-tokenizer`; read at core_v0.16.1):
 Hugging Face tokenizers are read with the `tokenizers` library that transformers' fast
 tokenizers run on (no transformers at run time, no hub: a local directory or file), and their
 special tokens from `tokenizer_config.json` / `special_tokens_map.json` as transformers reads
-them. The legacy tokenizers (`--legacy-tokenizer`: a bos for Llama2Tokenizer, added `<EOD>`
-tokens for SentencePieceTokenizer) are not offered.
+them. A tokenizer's `bos` (-1: none) is not put into the data (megatron-core's
+datasets never add it); an evaluation conditions a document's first token on it as
+transformers' models do (lm-eval's HFLM), and export-hf declares it. The legacy tokenizers
+(`--legacy-tokenizer`: a bos for Llama2Tokenizer, added `<EOD>` tokens for
+SentencePieceTokenizer) are not offered.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "Llama2Tokenizer", "Sentence
 TOKENIZER_TYPES = (*SENTENCEPIECE_TYPES, "HuggingFaceTokenizer", "GPT2BPETokenizer",
                    "NullTokenizer")
 NO_PAD = -1  # megatron-core's GPTDataset: no id is padding
+NO_BOS = -1
 
 
 class TextTokenizer:
@@ -41,10 +45,21 @@ class TextTokenizer:
     vocab_size: int
     eod: int
     pad: int = NO_PAD
+    bos: int = NO_BOS
     files: tuple[Path, ...] = ()  # what a checkpoint or an export carries to rebuild it
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
+
+    def encode_as_transformers(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The ids transformers' tokenizer of our export gives for `text` (with
+        `add_special_tokens`, its default: the tokenizer's own template too, which `encode`
+        leaves out as megatron-core does). Only a Hugging Face tokenizer has a template."""
+        return self.encode(text)
+
+    def special_text(self, token_id: int) -> str | None:
+        """A special token's text as transformers decodes it (None: not known here)."""
+        return None
 
     def decode(self, ids: list[int]) -> str:
         raise NotImplementedError
@@ -131,13 +146,23 @@ class HuggingFace(TextTokenizer):
                             "vocabulary (tokenizer_config.json or special_tokens_map.json); "
                             "documents end with it")
         self.eod = self._tok.token_to_id(eos)
-        pad = specials.get("pad_token")
-        self.pad = self._tok.token_to_id(pad) if pad and \
-            self._tok.token_to_id(pad) is not None else NO_PAD
+        self.pad = self._special_id(specials.get("pad_token"), NO_PAD)
+        self.bos = self._special_id(specials.get("bos_token"), NO_BOS)
+
+    def _special_id(self, token: str | None, missing: int) -> int:
+        found = self._tok.token_to_id(token) if token else None
+        return missing if found is None else found
 
     def encode(self, text: str) -> list[int]:
         # megatron-core's HuggingFaceTokenizer.text_to_ids: the tokens alone, no template
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_as_transformers(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # transformers' fast tokenizer runs the same tokenizer.json, template included
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def special_text(self, token_id: int) -> str | None:
+        return self._tok.decode([token_id], skip_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
@@ -193,6 +218,7 @@ class GPT2BPE(TextTokenizer):
             raise UserError(f"--vocab-file {vocab_file}: no <|endoftext|> token, which "
                             "GPT2BPETokenizer ends documents with")
         self.eod = eod
+        self.bos = eod  # GPT-2's one special token begins texts too (its bos_token_id)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

@@ -8,7 +8,10 @@ equal): a continuation's summed log-probability and whether it is the greedy one
 sequence cut from the left to the model's context (--max-position-embeddings, else
 --seq-length: what export-hf declares); a document's rolling log-likelihood in disjoint
 windows of that length, each window conditioned on the previous token (the
-first on the prefix token: BOS where the tokenizer has one, else the end of document).
+first on the prefix token: BOS where the tokenizer has one, else the end of document). Text is
+encoded as HFLM encodes it on the export: with the tokenizer's own template (a Llama
+tokenizer's BOS) unless lm-eval asks without, or the text already begins with the prefix
+token.
 Generation tasks (`generate_until`) are refused by name: the run has no sampler here.
 """
 
@@ -38,12 +41,16 @@ class RunAsLM(TemplateLM):
 
     @property
     def prefix_token_id(self) -> int:
-        bos = getattr(self.tokenizer_of_run, "bos", -1)
-        return bos if bos is not None and bos >= 0 else self.eot_token_id
+        bos = self.tokenizer_of_run.bos
+        return bos if bos >= 0 else self.eot_token_id
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None,
                    **kwargs) -> list[int]:
-        return list(self.tokenizer_of_run.encode(string))
+        tokenizer = self.tokenizer_of_run
+        if add_special_tokens is None:  # HFLM.tok_encode's rule
+            prefix = tokenizer.special_text(self.prefix_token_id)
+            add_special_tokens = not (prefix and string.startswith(prefix))
+        return list(tokenizer.encode_as_transformers(string, add_special_tokens))
 
     def tok_decode(self, tokens: list[int]) -> str:
         return self.tokenizer_of_run.decode(list(tokens))

@@ -207,7 +207,7 @@ class DeepSeekV3HF:
             "rope_theta": float(m.rotary_base), "rope_parameters": rope,
             "tie_word_embeddings": False, "attention_bias": False,
             "attention_dropout": m.attention_dropout, "num_nextn_predict_layers": 0,
-            "use_cache": True, "bos_token_id": getattr(tokenizer, "bos", None),
+            "use_cache": True, "bos_token_id": tokenizer.bos if tokenizer.bos >= 0 else None,
             "eos_token_id": tokenizer.eod,
             "pad_token_id": tokenizer.pad if tokenizer.pad >= 0 else None,
             "torch_dtype": dtype, "dtype": dtype,

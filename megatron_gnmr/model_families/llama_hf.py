@@ -176,7 +176,7 @@ class LlamaHF:
                 if m.use_rope_scaling else {"rope_type": "default"})},
             "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
             "attention_dropout": m.attention_dropout, "use_cache": True,
-            "bos_token_id": getattr(tokenizer, "bos", None),
+            "bos_token_id": tokenizer.bos if tokenizer.bos >= 0 else None,
             "eos_token_id": tokenizer.eod,
             "pad_token_id": tokenizer.pad if tokenizer.pad >= 0 else None,
             "torch_dtype": dtype, "dtype": dtype, **moe,
