@@ -148,6 +148,31 @@ def test_the_first_alarm_from_a_twin_trace_is_the_live_run_first_recovery(tmp_pa
     assert sign is not None and [int(units[i].split(".")[1]) for i in sign.units] == faulted
 
 
+def test_the_kernel_probes_first_alarm_from_a_twin_trace_is_the_live_first_recovery(tmp_path):
+    """The same for the kernel probe's sign test under the ladder's fair rule (at most 2 units,
+    the policy's latch) on a weaker rung (a quarter of O's elements): the probe samples rows
+    by step and layer, so the live run's probe reads what its twin's did until its first
+    action, and the flags written for the held-out scenario decide as the replay does."""
+    from megatron_gnmr.experiments.ladder_held_out import setting_flags
+
+    common = [*TINY, "--num-layers", "4", "--train-iters", "24", "--eval-interval", "24",
+              "--attention-precision", "fp8", "--attention-fp8-output",
+              "--attention-fault-bits", "1", "--attention-fault-share", "0.25",
+              "--attention-fault-layers", "drawn:1", "--seed", "5", "--gnmr", "--gnmr-units",
+              "core_attention", "--gnmr-measure", "kernel_output_bias,kernel_probe_cost"]
+    twin, live = tmp_path / "twin", tmp_path / "live"
+    run_pretrain([*common, "--gnmr-max-o", "0", "--save", str(twin)])
+    setting = Setting("probe-output-sign", 1.0)
+    run_pretrain([*common, *setting_flags(setting), "--save", str(live)])
+    first = next(r for r in trace_records(live) if r["recovery"])
+    detection_traces.write(twin, tmp_path / "twin.npz")
+    replayed = first_alarm(detection_traces.read(tmp_path / "twin.npz").trace, setting)
+    assert replayed is not None and (replayed.step, list(replayed.units)) == \
+        (first["step"], first["recovery"])
+    later = [r["recovery"] for r in trace_records(live) if r["step"] > first["step"]]
+    assert all(set(first["recovery"]) <= set(recovery) for recovery in later)  # latched
+
+
 def test_the_held_out_verdicts_by_hand(monkeypatch):
     """compare-held-out's judge on hand-made runs: exact attention ends at 3.0, 3.1 (seeds 1,
     2), so the harm margin is 2 x stdev = 2 x 0.0707 = 0.1414. Seed 1: the rule's run ends
