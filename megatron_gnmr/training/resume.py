@@ -5,7 +5,8 @@ A shard holds the model chunks, optimizer, scheduler, RNG, run state, controller
 monitor state. Transformer Engine's `_extra_state` entries are left out: TE pickles its FP8
 metadata into them and unpickles it on load, which would let a crafted checkpoint run code,
 and the current / block / MX scaling recipes (the only ones allowed here) keep no state there
-that a resume needs; on load the live module's own extra state is put back in their place.
+that a resume needs; on load every module is given TE's empty "no FP8 state" instead, whatever
+the shard holds, so no pickle is ever unpickled (`torch_dist/te_extra_state.py`).
 """
 
 from __future__ import annotations
@@ -27,19 +28,15 @@ from megatron_gnmr.training.lr_schedule import upgrade_state as upgrade_schedule
 from megatron_gnmr.training.optimizer_state import load_optimizer_state, optimizer_state
 from megatron_gnmr.training.resume_contract import check_resume, resume_settings
 from megatron_gnmr.training.torch_dist import run as dist_run
-
-
-def _is_extra_state(key: str) -> bool:
-    return key == "_extra_state" or key.endswith("._extra_state")
+from megatron_gnmr.training.torch_dist import te_extra_state
 
 
 def model_state(chunk: torch.nn.Module) -> dict:
-    return {key: value for key, value in chunk.state_dict().items() if not _is_extra_state(key)}
+    return te_extra_state.without_extra_state(chunk.state_dict())
 
 
 def load_model_state(chunk: torch.nn.Module, state: dict) -> None:
-    live = {key: value for key, value in chunk.state_dict().items() if _is_extra_state(key)}
-    chunk.load_state_dict({**live, **state})
+    chunk.load_state_dict(te_extra_state.loadable(chunk, state))
 
 
 class RunCheckpoints:

@@ -34,6 +34,7 @@ from megatron_gnmr.model import unwrap
 from megatron_gnmr.platform.megatron_compat import zero_adam_state
 from megatron_gnmr.training.checkpoint import rng_state
 from megatron_gnmr.training.safe_state import from_plain, to_plain
+from megatron_gnmr.training.torch_dist import te_extra_state
 
 RANK_STATE = "megatron_gnmr/rank_state"
 DP_RESHARDABLE, FULLY_RESHARDABLE = "dp_reshardable", "fully_reshardable"
@@ -106,7 +107,9 @@ def sharded_state(trainer, is_loading: bool, with_rank_state: bool, form: dict) 
     with zero_adam_state(trainer.optimizer) if is_loading else contextlib.nullcontext():
         optimizer = trainer.optimizer.sharded_state_dict(model, is_loading=is_loading,
                                                          metadata=form)
-    state = {"model": model, "optimizer": optimizer}
+    # TE's pickled FP8 metadata: written empty, never read (te_extra_state.py)
+    state = {"model": te_extra_state.not_read(model) if is_loading else
+             te_extra_state.written_empty(model), "optimizer": optimizer}
     if with_rank_state:
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         data = None if is_loading else to_plain({"rng": rng_state(),

@@ -17,7 +17,7 @@ from megatron.core import dist_checkpointing, parallel_state
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.model import unwrap
 from megatron_gnmr.platform.megatron_compat import fix_torch_adam_reshard
-from megatron_gnmr.training.torch_dist import content, files
+from megatron_gnmr.training.torch_dist import content, files, te_extra_state
 from megatron_gnmr.training.torch_dist.data_only import (
     CheckpointNotData,
     read_common,
@@ -156,7 +156,8 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
         del state["optimizer"]
     loaded = _read_as_data(state, directory, f"--load {directory}",
                            trainer.config.checkpoint.ckpt_fully_parallel_load)
-    unwrap(trainer.model[0]).load_state_dict(loaded["model"])
+    model = unwrap(trainer.model[0])
+    model.load_state_dict(te_extra_state.loadable(model, loaded["model"]))
     if load_optimizer:
         trainer.optimizer.load_state_dict(_reconciled(loaded["optimizer"], state["optimizer"]))
     trainer.state.load_state_dict(saved["run_state"])
@@ -275,9 +276,11 @@ def load_model_weights(model_chunks, directory: Path, source: str,
     Weights for which `not_in_checkpoint(key)` holds (a fine-tune's new adapters) keep their
     values; every other weight must be in the checkpoint."""
     model = unwrap(model_chunks[0])
-    sharded = {k: v for k, v in model.sharded_state_dict().items() if not not_in_checkpoint(k)}
+    sharded = {k: v for k, v in te_extra_state.not_read(model.sharded_state_dict()).items()
+               if not not_in_checkpoint(k)}
     loaded = _read_as_data({"model": sharded}, directory, source)
-    missing, unexpected = model.load_state_dict(loaded["model"], strict=False)
+    missing, unexpected = model.load_state_dict(te_extra_state.loadable(model, loaded["model"]),
+                                                strict=False)
     missing = [k for k in missing if not not_in_checkpoint(k)]
     if missing or unexpected:  # dist_checkpointing already refused a key it could not fill
         raise UserError(f"{source}: the weights do not fit this model ({len(unexpected)} "
@@ -294,7 +297,7 @@ def save_weights(model_chunks, root: str, settings: dict, config) -> Path:
     staging = files.staging_directory(root, 0) if torch.distributed.get_rank() == 0 \
         else Path(root) / f"iter_{0:07d}.tmp"
     torch.distributed.barrier()
-    state = {"model": unwrap(model_chunks[0]).sharded_state_dict(),
+    state = {"model": te_extra_state.written_empty(unwrap(model_chunks[0]).sharded_state_dict()),
              "args": content.megatron_args(config, 0, unwrap(model_chunks[0])
                                            .embedding.word_embeddings.weight.shape[0]
                                            * config.parallel.tensor_model_parallel_size),
