@@ -1,8 +1,9 @@
 """Checkpoint save and load at DP 2 (torchrun, 2 processes), side by side in one invocation:
 the torch format, torch_dist written synchronously, and torch_dist with --async-save. Per
 form: bytes per checkpoint, the seconds the training loop stood still for a save (the
-`checkpoint` event's `loop_seconds`: all of the save when synchronous, the snapshot and the
-writer's fork when async), the seconds until it was published (`seconds`), the load's seconds
+`checkpoint` event's `loop_seconds`: all of the save when synchronous; when async, the
+snapshot and the writer's fork, the polls while it is written and the finalize that publishes
+it), the seconds until it was published (`seconds`), the load's seconds
 (the `resumed` event of a resume after a stop at step 3), and the host memory per rank a save
 and a load need by `estimate-memory`'s count (training/checkpoint_size.py). The save measured
 is an interval save (step 2 of 4), not the run's last, which is always synchronous.

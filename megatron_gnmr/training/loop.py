@@ -347,6 +347,7 @@ class Trainer:
         while self.state.step < t.train_iters:
             step = self.state.step + 1
             start = time.perf_counter()
+            self.checkpoints.poll()  # an async save's publication: in the step it stalls
             self.housekeeping.before_step(step)
             try:
                 metrics = self.train_step(self.state.step)
@@ -386,7 +387,6 @@ class Trainer:
             last = step == t.train_iters or should_exit
             if self.run_dir and ((ck.save_interval and step % ck.save_interval == 0) or last):
                 self.checkpoints.save(step, last=last)
-            self.checkpoints.poll()
             self.faults.maybe_kill(step)
             if should_exit:
                 break

@@ -73,17 +73,22 @@ class RunCheckpoints:
         self.wait()  # never two in flight
         started = time.perf_counter()
         asynchronous = None if last else self.async_saves
-        path = self._write(step, asynchronous, lambda path: self._log(step, path, started,
-                                                                     blocked))
-        blocked = round(time.perf_counter() - started, 3)  # what the loop lost
+        path = self._write(step, asynchronous, lambda path, stall, publish: self._log(
+            step, path, started, stall, snapshot_seconds=blocked, publish_seconds=publish))
+        blocked = time.perf_counter() - started  # what the loop lost (async: so far)
         if path is not None:  # complete on every rank when _write returns
             self._log(step, path, started, blocked)
+        else:
+            self.async_saves.charge(blocked)
 
-    def _log(self, step: int, path: Path, started: float, blocked: float) -> None:
+    def _log(self, step: int, path: Path, started: float, stall: float, **parts) -> None:
+        """`loop_seconds`: all the loop lost to this save (async: the snapshot and fork, the
+        polls while it was written and the finalize that published it, in `parts`)."""
         if is_logging_rank():
             self.trainer.logger.event(step, "checkpoint", {
                 "path": str(path), "seconds": round(time.perf_counter() - started, 3),
-                "loop_seconds": blocked,
+                "loop_seconds": round(stall, 3),
+                **{name: round(seconds, 3) for name, seconds in parts.items()},
                 "bytes": sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())})
 
     def poll(self) -> None:

@@ -6,7 +6,8 @@ and ours, `megatron_gnmr.json` (the size and sha256 of every file, the layout it
 in, the settings a resume checks); `<save>/latest_checkpointed_iteration.txt` names the newest.
 
 Writing: every rank writes its part into `iter_0000100.tmp/` (megatron-core writes each tensor
-once, by one replica); the files are hashed (split over the ranks), rank 0 writes
+once, by one replica); the files are hashed (an async save's writer processes hash the files
+they wrote, off the training thread; the rest is split over the ranks), rank 0 writes
 `megatron_gnmr.json` durably, renames the directory, replaces the tracker file (write, fsync,
 rename) and only then prunes older checkpoints beyond `--keep-last`. A kill at any moment
 leaves the previous checkpoint and the tracker intact; a directory without
@@ -36,6 +37,7 @@ TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's name
 MANIFEST = "megatron_gnmr.json"
 FORMAT = 1
 ITERATION = re.compile(r"iter_(\d{7,})")
+WRITER_HASHES = "megatron_gnmr.writer_sha256.rank"  # + "<rank>.json", removed before publication
 
 
 def _fsync_directory(path: Path) -> None:
@@ -86,25 +88,65 @@ def _my_files(names: list[str]) -> list[str]:
     return [name for i, name in enumerate(sorted(names)) if i % world == rank]
 
 
+def _record(path: Path) -> dict:
+    return {"size": path.stat().st_size, "sha256": _sha256(path)}
+
+
+def record_writer_hashes(staging: Path, rank: int, paths: list[str]) -> None:
+    """In an async save's writer process, once its files are written and fsynced: their size
+    and sha256, for `finish` to take instead of reading them again on the training thread."""
+    records = {Path(path).name: _record(Path(path)) for path in paths}
+    (staging / f"{WRITER_HASHES}{rank}.json").write_text(json.dumps(records))
+
+
+def _writer_hashes(staging: Path) -> dict:
+    """This rank's writer's records (none if it wrote nothing or died before recording)."""
+    note = staging / f"{WRITER_HASHES}{torch.distributed.get_rank()}.json"
+    try:
+        return json.loads(note.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _written_files(staging: Path) -> list[str]:
+    return sorted(p.name for p in staging.iterdir()
+                  if p.is_file() and not p.name.startswith(WRITER_HASHES))
+
+
+def _gathered(part: dict) -> dict:
+    """Collective: every rank's `part`, merged."""
+    parts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, part)
+    return {name: record for each in parts for name, record in each.items()}
+
+
+def _publish(root: str, staging: Path, step: int, manifest: dict) -> Path:
+    """Rank 0: the manifest written durably, the directory renamed, the tracker replaced."""
+    final = Path(root) / f"iter_{step:07d}"
+    for note in staging.glob(f"{WRITER_HASHES}*"):
+        note.unlink()
+    write_durably(staging / MANIFEST, json.dumps(manifest, indent=2))
+    _fsync_directory(staging)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    _fsync_directory(final.parent)
+    write_durably(Path(root) / TRACKER, str(step))
+    return final
+
+
 def finish(root: str, staging: Path, step: int, manifest: dict, keep_last: int) -> Path:
     """Collective, after every rank wrote its part into `staging`: hash, describe, publish,
     prune. Returns the final directory."""
-    names = sorted(p.name for p in staging.iterdir() if p.is_file())
-    mine = {name: {"size": (staging / name).stat().st_size, "sha256": _sha256(staging / name)}
-            for name in _my_files(names)}
-    parts = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(parts, mine)
+    names = _written_files(staging)
+    hashed = {name: record for name, record in _gathered(_writer_hashes(staging)).items()
+              if name in names and (staging / name).stat().st_size == record["size"]}
+    rest = [name for name in names if name not in hashed]
+    files = {**hashed, **_gathered({name: _record(staging / name) for name in _my_files(rest)})}
     final = Path(root) / f"iter_{step:07d}"
     if torch.distributed.get_rank() == 0:
-        files = {name: record for part in parts for name, record in part.items()}
-        write_durably(staging / MANIFEST, json.dumps(
-            {**manifest, "format": FORMAT, "step": step, "files": files}, indent=2))
-        _fsync_directory(staging)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-        _fsync_directory(final.parent)
-        write_durably(Path(root) / TRACKER, str(step))
+        _publish(root, staging, step, {**manifest, "format": FORMAT, "step": step,
+                                       "files": files})
         _prune_older(Path(root), step, keep_last)
     torch.distributed.barrier()
     return final

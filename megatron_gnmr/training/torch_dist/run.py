@@ -77,7 +77,8 @@ def save(trainer, step: int, settings: dict, padded_vocab_size: int,
          flops_per_step: float, faults, asynchronous=None, published=None) -> Path | None:
     """Collective: this step's checkpoint in `--save`, published when complete. With
     `asynchronous` (an `async_save.AsyncSaves`): written by a forked writer while training
-    goes on, published later (`published(path)` then, on every rank); returns None."""
+    goes on, published later (then, on every rank, `published(path, loop stall seconds,
+    seconds of the call that published)`); returns None."""
     _start_writer_results_queue()
     root = trainer.run_dir
     staging = files.staging_directory(root, step) if torch.distributed.get_rank() == 0 \
@@ -100,7 +101,7 @@ def save(trainer, step: int, settings: dict, padded_vocab_size: int,
             content_metadata=form,  # read by Megatron-LM's loader
             **(asynchronous.save_arguments() if asynchronous is not None else {}))
         if asynchronous is not None:  # the writer forks from the weights as they are now
-            asynchronous.schedule(written, lambda: published(publish()))
+            asynchronous.schedule(written, staging, publish, published)
     faults.maybe_kill(step, "save")  # reliability tests: die with the checkpoint half written
     if asynchronous is not None:
         return None
