@@ -7,8 +7,10 @@ says, TensorBoard logs where --tensorboard-dir says. With DTYPE=fp8 the flags of
 scaling and FP8 parameters, which megatron-gnmr does not have, are refused in one line, each
 with its reason."""
 
+import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.helpers import pretrain_in_process, read_jsonl, train_losses
@@ -76,7 +78,13 @@ def test_the_llama3_example_trains_with_dtype_bf16(tmp_path):
     # the embedding and output layer on their own schedule, --decoupled-lr to its minimum
     decoupled = {r["step"]: r["train/decoupled_lr"] for r in rows}
     assert decoupled[1] == 5.0e-4 and decoupled[6] == 4.5e-5
-    assert 4.5e-5 < decoupled[3] < 5.0e-4 and decoupled[3] / lrs[3] != 5.0e-4 / 0.00015
+    # Megatron's cosine by hand, in samples: step s has seen 8 s samples; warm-up to 8, decay
+    # to 40: at step s the coefficient is (1 + cos(pi (8 s - 8) / 32)) / 2, for both schedules
+    for step in (2, 3, 4):
+        coefficient = (1 + math.cos(math.pi * (8 * step - 8) / 32)) / 2
+        assert lrs[step] == pytest.approx(1e-5 + coefficient * (1.5e-4 - 1e-5), rel=1e-6)
+        assert decoupled[step] == pytest.approx(4.5e-5 + coefficient * (5e-4 - 4.5e-5),
+                                                rel=1e-6)
     # --bf16: the weights the run trained and saved are bfloat16 (the Adam state float32)
     from torch.distributed.checkpoint import FileSystemReader
 
