@@ -22,8 +22,10 @@ INLINE = re.compile(r"`([^`\n]+)`")
 # a flag, not a family of them (`--lr-decay-*`)
 FLAG = re.compile(r"(?<![\w-])(--[a-zA-Z][a-zA-Z0-9_-]*[a-zA-Z0-9])(?![\w*-])")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
-# flags of the tools the pages show around ours (torchrun, Slurm, pip, wandb, pytest, python)
-OTHER_TOOLS = {"--nproc_per_node", "--nnodes", "--standalone", "--max-restarts", "--rdzv_backend",
+# flags of the tools the pages show around ours (torchrun, Slurm, pip, wandb, pytest, python,
+# lm-eval)
+OTHER_TOOLS = {"--log_samples",
+               "--nproc_per_node", "--nnodes", "--standalone", "--max-restarts", "--rdzv_backend",
                "--rdzv_endpoint", "--rdzv_id", "--node_rank", "--master_addr", "--master_port",
                "--nodes", "--signal", "--requeue", "--overlap", "--ntasks-per-node",
                "--gpus-per-node",

@@ -24,6 +24,7 @@ import yaml
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.model_families import family_reading
+from megatron_gnmr.model_families.tied_hf import check_tied_weights
 
 
 
@@ -103,6 +104,7 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
     hf, weights = read_hf(source)
     family = family_reading(hf, where)
     sections = family.hf.sections(hf, where)
+    check_tied_weights(weights, hf, where)
     unused = family.hf.unused_weights(weights, hf)
     if unused:
         print(f"import-hf: left out {len(unused)} weights transformers' "
@@ -164,7 +166,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", help="the checkpoint directory to write (new)")
 
 
+def next_steps(path: Path) -> list[str]:
+    """The commands that fine-tune an imported model, complete as printed: it has no data of
+    its own, so a run refuses its tokenizer without --data-path; the text is tokenized with
+    the model's own tokenizer first (YOUR_TEXT.jsonl is the one name to replace)."""
+    from shlex import quote
+
+    tokenizer = yaml.safe_load((path / "model.yaml").read_text())["data"]
+    prefix = f"{path}-data/text"
+    return [f"megatron-gnmr prepare-data --input YOUR_TEXT.jsonl --output-prefix "
+            f"{quote(prefix)} --tokenizer-type {tokenizer['tokenizer_type']} "
+            f"--tokenizer-model {quote(tokenizer['tokenizer_model'])} --append-eod",
+            f"python -m pretrain_llama --config {quote(str(path / 'model.yaml'))} "
+            f"--data-path {quote(prefix + '_text_document')} --finetune "
+            f"--load {quote(str(path))} --lr 1e-5 --min-lr 1e-6 --train-iters 100 "
+            f"--save {quote(f'{path}-finetuned')}"]
+
+
 def run(args: argparse.Namespace) -> None:
     path = import_hf(args.hf_dir, args.out_dir)
-    print(f"import-hf: {path}; fine-tune with --config {path}/model.yaml --finetune --load "
-          f"{path}")
+    print(f"import-hf: wrote {path}. It has no data of its own: tokenize your text with its "
+          "tokenizer (YOUR_TEXT.jsonl: one {\"text\": ...} a line, or a .txt), then "
+          "fine-tune on it:")
+    for command in next_steps(path):
+        print(f"  {command}")
