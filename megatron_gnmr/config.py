@@ -91,6 +91,11 @@ class ModelConfig:
     padded_vocab_size: Optional[int] = limit(None, ge=1)
     """The embedding's rows, when a model brings its own (`import-hf`: the Hugging Face
     model's vocab_size); default: the tokenizer's vocabulary padded as above."""
+    untie_embeddings_and_output_weights: bool = True
+    """A separate output layer (LLaMA's; our default). --no-untie-embeddings-and-output-weights
+    ties it to the input embedding, one matrix for both (megatron-core's
+    share_embeddings_and_output_weights; Megatron-LM's default, Llama 3.2 1B and 3B's
+    tie_word_embeddings), at --pipeline-model-parallel-size 1."""
     num_experts: Optional[int] = limit(None, ge=2, le=MAX_EXPERTS)
     """MoE: experts per layer (megatron-core MoE layers, local experts); None: dense SwiGLU."""
     moe_router_topk: int = limit(2, ge=1)

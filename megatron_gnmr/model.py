@@ -1,5 +1,5 @@
 """The LLaMA architecture as a megatron-core GPTModel: RMSNorm, SwiGLU, RoPE, no bias,
-grouped-query attention, untied embeddings.
+grouped-query attention, untied embeddings (tied with --no-untie-embeddings-and-output-weights).
 
 `build_model` returns this pipeline stage's model chunk wrapped the way megatron's own
 training does it (Float16Module for bf16, then megatron's DDP), so gradients land in
@@ -161,7 +161,7 @@ def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: i
         max_sequence_length=config.model.max_position_embeddings or config.model.seq_length,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=not config.model.untie_embeddings_and_output_weights,
         position_embedding_type="rope",
         rotary_base=config.model.rotary_base,
         rope_scaling=config.model.use_rope_scaling,

@@ -49,6 +49,12 @@ def validate_model(config: RunConfig) -> None:
 def validate_layout(config: RunConfig, world_size: int) -> None:
     m, p, t = config.model, config.parallel, config.training
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    if not m.untie_embeddings_and_output_weights and pp > 1:
+        raise UserError(f"--no-untie-embeddings-and-output-weights at "
+                        f"--pipeline-model-parallel-size {pp}: tied embeddings are built at one "
+                        "pipeline stage only (the last stage's copy of the embedding is not "
+                        "synchronised or counted once in the gradient norm here); untie them "
+                        "or use PP 1")
     if m.padded_vocab_size is not None and m.padded_vocab_size % tp:
         raise UserError(f"--padded-vocab-size {m.padded_vocab_size} must be divisible by "
                         f"--tensor-model-parallel-size {tp} (the embedding is split by rows)")

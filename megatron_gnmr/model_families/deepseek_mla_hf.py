@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.model_families.tied_hf import (output_layer_from_hf, output_layer_to_hf,
+                                                  tied, tied_head_on_disk)
 
 ATTENTION = "self_attention."
 EXPERTS = "mlp.experts.local_experts."
@@ -125,7 +127,7 @@ class DeepSeekV3HF:
         m = config.model
         out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
                "model.norm.weight": state["decoder.final_layernorm.weight"],
-               "lm_head.weight": state["output_layer.weight"]}
+               **output_layer_to_hf(state, config)}
         for layer in range(m.num_layers):
             ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
             out[theirs + "input_layernorm.weight"] = state[ours + "input_layernorm.weight"]
@@ -151,12 +153,11 @@ class DeepSeekV3HF:
         return {name: tensor.contiguous() for name, tensor in out.items()}
 
     def from_hf(self, weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-        """The inverse of `to_hf` (a tied model's lm_head is its embedding)."""
+        """The inverse of `to_hf` (a tied model has no output layer weight of its own)."""
         m = config.model
         out = {"embedding.word_embeddings.weight": weights["model.embed_tokens.weight"],
                "decoder.final_layernorm.weight": weights["model.norm.weight"],
-               "output_layer.weight": weights.get("lm_head.weight",
-                                                  weights["model.embed_tokens.weight"])}
+               **output_layer_from_hf(weights, config)}
         for layer in range(m.num_layers):
             ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
             out[ours + "input_layernorm.weight"] = weights[theirs + "input_layernorm.weight"]
@@ -205,7 +206,8 @@ class DeepSeekV3HF:
             "max_position_embeddings": m.max_position_embeddings or m.seq_length,
             "rms_norm_eps": m.norm_epsilon, "initializer_range": m.init_method_std,
             "rope_theta": float(m.rotary_base), "rope_parameters": rope,
-            "tie_word_embeddings": False, "attention_bias": False,
+            "tie_word_embeddings": not m.untie_embeddings_and_output_weights,
+            "attention_bias": False,
             "attention_dropout": m.attention_dropout, "num_nextn_predict_layers": 0,
             "use_cache": True, "bos_token_id": tokenizer.bos if tokenizer.bos >= 0 else None,
             "eos_token_id": tokenizer.eod,
@@ -249,6 +251,7 @@ class DeepSeekV3HF:
                 "rotary_base": int(float(rope.get("rope_theta", hf.get("rope_theta", 10000)))),
                 "norm_epsilon": LATENT_NORM_EPS,
                 "init_method_std": float(hf.get("initializer_range", 0.02)),
+                "untie_embeddings_and_output_weights": not tied(hf),
                 "num_experts": int(hf["n_routed_experts"]), "moe_router_topk": top_k,
                 "moe_ffn_hidden_size": routed,
                 "moe_shared_expert_intermediate_size": routed * int(hf.get("n_shared_experts")
@@ -272,10 +275,11 @@ class DeepSeekV3HF:
         return {"model": model, "mla": mla}
 
     def unused_weights(self, weights: dict, hf: dict) -> list[str]:
-        """The multi-token-prediction layers' weights (transformers' model has none)."""
+        """The multi-token-prediction layers' weights (transformers' model has none), and a
+        tied model's head saved beside its embedding."""
         first = int(hf["num_hidden_layers"])
         return [name for name in weights if name.startswith("model.layers.") and
-                int(name.split(".")[2]) >= first]
+                int(name.split(".")[2]) >= first] + tied_head_on_disk(weights, hf)
 
 
 DEEPSEEK_V3_HF = DeepSeekV3HF()

@@ -11,7 +11,9 @@ w2 the down projection, on disk one tensor per expert as transformers saves them
 no permutation: megatron's default (`rotary_interleaved=False`) rotates halves of each head,
 as Hugging Face's `rotate_half`. A zero-centred norm (--apply-layernorm-1p) stores gamma - 1;
 Hugging Face stores gamma. Mixtral's router (softmax over every expert, top-k, renormalised)
-is megatron's softmax over the top-k scores: the same gates.
+is megatron's softmax over the top-k scores: the same gates. A tied model
+(`tie_word_embeddings`, Llama 3.2 1B and 3B) stays tied: megatron-core's
+share_embeddings_and_output_weights, one matrix, and no `lm_head.weight` on disk either way.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.model_families.llama_layout import (PROJ, QKV, fused_qkv, head_dim,
                                                        unfused_qkv)
+from megatron_gnmr.model_families.tied_hf import (output_layer_from_hf, output_layer_to_hf,
+                                                  tied, tied_head_on_disk)
 
 ATTENTION = "self_attention."
 EXPERTS = "mlp.experts.local_experts."
@@ -117,7 +121,7 @@ class LlamaHF:
         one = 1.0 if config.model.apply_layernorm_1p else 0.0
         out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
                "model.norm.weight": state["decoder.final_layernorm.weight"] + one,
-               "lm_head.weight": state["output_layer.weight"]}
+               **output_layer_to_hf(state, config)}
         for layer in range(config.model.num_layers):
             ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
             q, k, v = unfused_qkv(state[f"{ours}{ATTENTION}{QKV}.weight"], config.model)
@@ -134,12 +138,11 @@ class LlamaHF:
         return {name: tensor.contiguous() for name, tensor in out.items()}
 
     def from_hf(self, weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-        """The inverse of `to_hf` (a tied model's lm_head is its embedding)."""
+        """The inverse of `to_hf` (a tied model has no output layer weight of its own)."""
         one = 1.0 if config.model.apply_layernorm_1p else 0.0
-        head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
         out = {"embedding.word_embeddings.weight": weights["model.embed_tokens.weight"],
                "decoder.final_layernorm.weight": weights["model.norm.weight"] - one,
-               "output_layer.weight": head}
+               **output_layer_from_hf(weights, config)}
         for layer in range(config.model.num_layers):
             ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
             q, k, v = (weights[f"{theirs}self_attn.{name}_proj.weight"] for name in "qkv")
@@ -174,7 +177,8 @@ class LlamaHF:
             "rope_parameters": {"rope_theta": float(m.rotary_base), **(
                 {"rope_type": "llama3", **LLAMA3_BANDS, "factor": m.rope_scaling_factor}
                 if m.use_rope_scaling else {"rope_type": "default"})},
-            "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+            "tie_word_embeddings": not m.untie_embeddings_and_output_weights,
+            "attention_bias": False, "mlp_bias": False,
             "attention_dropout": m.attention_dropout, "use_cache": True,
             "bos_token_id": tokenizer.bos if tokenizer.bos >= 0 else None,
             "eos_token_id": tokenizer.eod,
@@ -183,7 +187,7 @@ class LlamaHF:
         }
 
     def unused_weights(self, weights: dict, hf: dict) -> list[str]:
-        return []  # every weight of these classes is the model's
+        return tied_head_on_disk(weights, hf)  # every other weight is the model's
 
     def sections(self, hf: dict, where: str) -> dict[str, dict]:
         """Our model section for a Hugging Face config of this family (a UserError names any
@@ -219,6 +223,7 @@ class LlamaHF:
                                                   hf.get("rope_theta", 10000.0)))),
                 "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
                 "init_method_std": float(hf.get("initializer_range", 0.02)),
+                "untie_embeddings_and_output_weights": not tied(hf),
                 **scaling, **moe,
             }
         except (KeyError, TypeError, ValueError) as error:
