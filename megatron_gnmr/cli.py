@@ -1,6 +1,6 @@
 """`megatron-gnmr`: the project's subcommands (prepare-data, replay, report, reproduce,
 compare-alarms, compare-signals, compare-closed-loop, compare-detectors, compare-held-out,
-compare-ladder, compare-lr-edge, compare-frontier, estimate-memory, calibrate, evaluate, merge-lora, dashboard, megatron-flags,
+compare-ladder, compare-ladder-held-out, compare-lr-edge, compare-frontier, estimate-memory, calibrate, evaluate, merge-lora, dashboard, megatron-flags,
 export-hf, import-hf)."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def build_parser():
         frontier,
         held_out,
         ladder,
+        ladder_verdicts,
         lr_edge,
         runner,
         signal_comparison,
@@ -49,6 +50,8 @@ def build_parser():
         ("compare-detectors", detection, "which alarm is early and specific, from traces"),
         ("compare-held-out", held_out, "the detection study's held-out round, judged once"),
         ("compare-ladder", ladder, "the fault ladder: lethality, the probe, detectors per rung"),
+        ("compare-ladder-held-out", ladder_verdicts, "the fault ladder's held-out round, "
+                                                     "judged once"),
         ("compare-lr-edge", lr_edge, "final loss against the learning rate, per precision"),
         ("compare-frontier", frontier, "which units to keep high: the budget-quality "
                                        "frontier"),

@@ -89,3 +89,42 @@ def test_a_settings_flags_make_a_live_run_decide_as_its_replay():
         assert parsed.policy_config() == config, family.name
         settings = parsed.signal_settings(run_seed=1)
         assert {key: settings[key] for key in signal} == signal, family.name
+
+
+def test_the_ladder_held_out_verdicts_and_tests_by_hand(monkeypatch):
+    """Four seeds, one rung, the chosen arm and TE's: exact attention ends at 3.0; the training
+    round's margins are 0.05 (exact) and 0.2 (healthy). Chosen: saved on seeds 1-3 (+0.01),
+    harmed at 0.05 on seed 4 (+0.1, saved at 0.2). TE: diverged on 1 and 2, +0.3 on 3 (harmed
+    at both), saved on 4. Paired at the exact margin: only the chosen arm failed on 1 seed,
+    only TE on 3: the one-sided sign test's p (chosen better) is P(at most 1 of 4) = 5/16; at
+    the healthy margin TE alone failed, 3 seeds: 1/8."""
+    from types import SimpleNamespace
+
+    from megatron_gnmr.experiments import ladder_verdicts
+
+    def run(final=3.0, died=None, spent=0.0):
+        return {"final_train_loss": final, "diverged_at": died,
+                "recovered_share_of_executed_steps": spent, "first_recovery": 5}
+
+    table = {"exact-attention": {s: run(3.0) for s in (1, 2, 3, 4)},
+             "twin-r": {s: run(9.0, died=400) for s in (1, 2, 3, 4)},
+             "chosen@r": {1: run(3.01, spent=0.5), 2: run(3.01, spent=0.5),
+                          3: run(3.01, spent=0.5), 4: run(3.1, spent=0.5)},
+             "te@r": {1: run(9.0, died=900), 2: run(9.0, died=950), 3: run(3.3), 4: run(3.0)}}
+    scenario = SimpleNamespace(variants={
+        "twin-r": [], "chosen@r": ["--gnmr-signals", "kernel_output_bias"],
+        "te@r": ["--gnmr-signals", "autoswitch"]}, base=[])
+    monkeypatch.setattr(ladder_verdicts, "fires_on", lambda *args: None)
+    margins = {"exact": 0.05, "healthy": 0.2}
+    judged = ladder_verdicts.verdicts(scenario, table, {("healthy", s): SimpleNamespace(
+        trace=None) for s in (1, 2, 3, 4)}, margins, probe_share=0.01)
+    chosen, te = judged["r"]["chosen"], judged["r"]["te"]
+    assert [chosen[s]["failed_at_exact"] for s in (1, 2, 3, 4)] == [False, False, False, True]
+    assert [chosen[s]["failed_at_healthy"] for s in (1, 2, 3, 4)] == [False] * 4
+    assert [te[s]["failed_at_exact"] for s in (1, 2, 3, 4)] == [True, True, True, False]
+    assert chosen[1]["probe"] == pytest.approx(0.005) and te[1]["probe"] == 0.0
+    compared = ladder_verdicts.comparisons(judged["r"], margins)["te"]
+    assert compared["failed_at_exact"]["sign_p_chosen_better"] == pytest.approx(5 / 16)
+    assert compared["failed_at_exact"]["sign_p_rival_better"] == pytest.approx(15 / 16)
+    assert compared["failed_at_healthy"]["sign_p_chosen_better"] == pytest.approx(1 / 8)
+    assert compared["healthy"]["chosen"] == compared["healthy"]["rival"] == 0

@@ -163,10 +163,13 @@ def judge(scenario, table: dict, traces: Path, seeds=None) -> dict:
     best = {family.name: choose_for_held_out(by_setting, ranked_over, (family.name,))
             for family in LADDER_FAMILIES}
     chosen = choose_for_held_out(by_setting, lethal, OURS)
+    costs = [float(np.nanmean(detection_traces.read(path).trace.measured["kernel_probe_cost"]))
+             for path in sorted(traces.glob(f"{HEALTHY}-seed*.npz"))]
     chosen_spends = [spends[chosen][rung]["recovered"] for rung in lethal
                      if chosen is not None and spends[chosen].get(rung) is not None]
     return {"margins": margins, "rungs": rungs, "lethal_rungs": lethal, "chosen": chosen,
             "chosen_spend": statistics.fmean(chosen_spends) if chosen_spends else None,
+            "probe_share": statistics.fmean(costs) if costs else None,
             "rivals": {family: best[family] for family in RIVALS}, "best": best,
             "oracle": ORACLE,
             "settings": {label: {rung: {**asdict(row), "spend": spends[label].get(rung)}
