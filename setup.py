@@ -9,8 +9,8 @@ import os
 
 from setuptools import find_packages, setup
 
-# The megatron-core releases this code is tested against, and nothing else (README: "Tested
-# versions"). megatron-core >= 0.17 declares Python >= 3.12, so 3.11 gets 0.16.1; 3.12 gets
+# The megatron-core releases this code is tested against, and nothing else
+# (docs/guide/training-and-checkpoints.md, "Tested versions"). megatron-core >= 0.17 declares Python >= 3.12, so 3.11 gets 0.16.1; 3.12 gets
 # the tested range up to the newest release (0.19.2, run in CI by
 # scripts/test_newest_megatron.sh). MEGATRON_GNMR_MEGATRON_CORE replaces the requirement
 # (that script uses it to install the newest release on Python 3.11).
