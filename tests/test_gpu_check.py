@@ -350,6 +350,19 @@ def test_compiled_layers_can_run_eager_for_a_while():
                                                                  layers[0].bias))
 
 
+def test_the_compile_row_counts_what_happened_during_the_group():
+    from megatron_gnmr.experiments.gpu_check_groups import _compile_summary
+
+    cast = "Unexpected type\n  Explanation: SourcelessBuilder.create does not know CastConfig\n"
+    before = (10, {cast: 2, "warn": 4})
+    after = (15, {cast: 5, "warn": 4, "other": 1})
+    assert _compile_summary(before, after, steps=8, arms=3) == (
+        "5 frames compiled and 4 graph breaks over 8 steps of 3 arms (most often, 3x: "
+        "Explanation: SourcelessBuilder.create does not know CastConfig)")
+    assert _compile_summary(after, after, 8, 3) == \
+        "0 frames compiled and 0 graph breaks over 8 steps of 3 arms"
+
+
 # -- the command line ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [

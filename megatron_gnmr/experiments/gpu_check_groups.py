@@ -125,7 +125,7 @@ def run_group(group: Group, steps: int, warmup: int, work_steps: int, judge: boo
                       for layer in transformer_layers(trainer)]
             state["compiled"] = CompiledLayers(layers, group.compile_backend)
         stepper = state["stepper"] = Stepper(trainers)
-        frames = _compiled_frames()
+        before = _compile_counts()
         seconds, losses = stepper.side_by_side(list(trainers), steps, warmup)
         _progress(f"trained {warmup + steps} steps side by side")
         config = trainers[group.reference].config
@@ -137,9 +137,8 @@ def run_group(group: Group, steps: int, warmup: int, work_steps: int, judge: boo
                                  losses[group.reference]) for arm in (group.fp8, group.controlled))]
         if group.compile_backend is not None:  # what the compiled arms' times include
             rows.append(info(SPEED, "torch.compile of the layers",
-                             f"{_compiled_frames() - frames} frames compiled over "
-                             f"{warmup + steps} steps of {len(trainers)} arms (the controller's "
-                             "switches recompile a layer)"))
+                             _compile_summary(before, _compile_counts(), warmup + steps,
+                                              len(trainers))))
         return rows
 
     def controller() -> list[Row]:
@@ -189,10 +188,26 @@ def _progress(message: str) -> None:
     print(f"gpu_check: {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
-def _compiled_frames() -> int:
+def _compile_counts() -> tuple[int, dict[str, int]]:
+    """(frames dynamo compiled, graph breaks by reason) so far in this process."""
     from torch._dynamo.utils import counters
 
-    return int(counters["frames"]["total"])
+    return int(counters["frames"]["total"]), dict(counters["graph_break"])
+
+
+def _compile_summary(before, after, steps: int, arms: int) -> str:
+    """What compilation did during a group's steps: a graph break splits a layer into
+    graphs that cannot fuse across it, so it bounds what compilation can buy."""
+    breaks = {reason: count - before[1].get(reason, 0) for reason, count in after[1].items()}
+    breaks = {reason: count for reason, count in breaks.items() if count > 0}
+    text = f"{after[0] - before[0]} frames compiled and {sum(breaks.values())} graph breaks " \
+           f"over {steps} steps of {arms} arms"
+    if breaks:
+        reason = max(breaks, key=breaks.get)
+        lines = [line.strip() for line in reason.splitlines() if line.strip()]
+        why = next((line for line in lines if line.startswith("Explanation:")), lines[0])
+        text += f" (most often, {breaks[reason]}x: {why[:160]})"
+    return text
 
 
 def _free_device_memory() -> None:
