@@ -27,6 +27,7 @@ def test_the_lr_edge_by_hand():
     result = judge(table)
     bf16, fp8 = result["arms"]["bf16"], result["arms"]["fp8"]
     assert bf16["edge"] == 0.02 and fp8["edge"] == 0.01
+    assert bf16["divergence_edge"] == 0.04 and fp8["divergence_edge"] == 0.01
     assert fp8["rows"][0.02]["final"][2] == 8.0  # diverged: its initial loss
     assert fp8["rows"][0.02]["mean"] == pytest.approx((4.1 + 8.0) / 2)
     assert bf16["sensitivity"] == pytest.approx((0.0 + 0.075 + 0.2) / 3)

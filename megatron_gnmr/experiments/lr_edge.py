@@ -8,7 +8,8 @@ instabilities") measure it: the final loss of each arm (`ARM-lrVALUE` variants: 
   min(loss, initial loss): it learnt nothing that lasted);
 - an arm fails at an LR where a seed diverged, or where its mean final loss is more than
   `TOLERANCE` above its own best over the grid; its **edge** is the largest LR reached from
-  its best LR upwards without a failure;
+  its best LR upwards without a failure; its **divergence edge** the largest reached without a
+  diverged seed (a run that trains, however badly, does not end it);
 - LR sensitivity: the mean over the grid of (final loss - the arm's best), Wortsman's
   E_eta[min(l(eta), l_0) - l*];
 - per LR, FP8 against BF16 seed for seed (the same data and initial weights): the gap's mean
@@ -66,17 +67,25 @@ def judge(table: dict) -> dict:
         best = rows[best_lr]["mean"]
         for row in rows.values():
             row["fails"] = bool(row["diverged"]) or row["mean"] > best + TOLERANCE
-        edge = best_lr  # the largest LR reached from the best one without a failure
-        for lr in (lr for lr in rows if lr > best_lr):
-            if rows[lr]["fails"]:
-                break
-            edge = lr
-        out["arms"][arm] = {"rows": rows, "best": best, "edge": edge,
+        out["arms"][arm] = {"rows": rows, "best": best,
+                            "edge": _reached(rows, best_lr, lambda row: row["fails"]),
+                            "divergence_edge": _reached(rows, best_lr,
+                                                        lambda row: bool(row["diverged"])),
                             "sensitivity": statistics.fmean(r["mean"] - best
                                                             for r in rows.values())}
     if {"bf16", "fp8"} <= set(out["arms"]):
         out["paired"] = _paired(out["arms"]["fp8"]["rows"], out["arms"]["bf16"]["rows"])
     return out
+
+
+def _reached(rows: dict, start: float, fails) -> float:
+    """The largest LR reached from `start` upwards before the first row that `fails`."""
+    edge = start
+    for lr in (lr for lr in rows if lr > start):
+        if fails(rows[lr]):
+            break
+        edge = lr
+    return edge
 
 
 def _paired(fp8: dict, bf16: dict) -> dict:
@@ -97,8 +106,9 @@ def table_lines(result: dict) -> list[str]:
              f"per arm and peak LR, mean over seeds; x: a seed diverged; a row fails where a "
              f"seed diverged or the mean is more than {result['tolerance']} above the arm's "
              "best.", "",
-             "| arm | " + " | ".join(f"{lr:g}" for lr in lrs) + " | edge | LR sensitivity |",
-             "|---|" + "---|" * (len(lrs) + 2)]
+             "| arm | " + " | ".join(f"{lr:g}" for lr in lrs) +
+             " | edge | divergence edge | LR sensitivity |",
+             "|---|" + "---|" * (len(lrs) + 3)]
     for name, arm in arms.items():
         cells = []
         for lr in lrs:
@@ -109,9 +119,8 @@ def table_lines(result: dict) -> list[str]:
             mark = f" x{len(row['diverged'])}" if row["diverged"] else ""
             cells.append(f"{'**' if row['fails'] else ''}{row['mean']:.3f}{mark}"
                          f"{'**' if row['fails'] else ''}")
-        edge = "-" if arm["edge"] is None else f"{arm['edge']:g}"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {edge} | "
-                     f"{arm['sensitivity']:.3f} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {arm['edge']:g} | "
+                     f"{arm['divergence_edge']:g} | {arm['sensitivity']:.3f} |")
     if "paired" in result:
         lines += ["", "FP8 against BF16, seed for seed (same data and initial weights):", "",
                   "| LR | mean gap FP8 - BF16 | seeds FP8 worse |", "|---|---|---|"]
