@@ -1,11 +1,13 @@
 """The README and docs/guide cannot rot: every `megatron-gnmr` subcommand they name exists,
 every flag they name is one the code knows (a command line's flags, the parser of the command
-they are given to), every relative link resolves, and every command block marked as runnable
+they are given to), every relative link resolves, no page of docs/ points outside the
+repository (a clone does not have it), and every command block marked as runnable
 on the CPU (a fence ```bash cpu) runs here. Blocks fenced ```bash gpu are named GPU-only (their
 names and flags are still checked); the others run on a CPU but take longer than a test
 should (a training run), and their parts are exercised by the suite's own runs.
 
-Each check is shown failing on a planted defect: a dead link and a misspelled flag."""
+Each check is shown failing on a planted defect: a dead link, a misspelled flag and a link
+out of the repository."""
 
 import argparse
 import re
@@ -17,6 +19,9 @@ import pytest
 from tests.helpers import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs" / "guide").glob("*.md"))]
+SPEC = REPO / "docs" / "spec.md"
+# every Markdown page a clone carries (the run records under docs/runs/ are data, not pages)
+DOCUMENTS = sorted({*PAGES, *(REPO / "docs").glob("*.md")})
 FENCE = re.compile(r"^```(\w*)[ \t]*(\w*)\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`\n]+)`")
 # a flag, not a family of them (`--lr-decay-*`)
@@ -109,9 +114,32 @@ def problems(text: str, page: Path) -> list[str]:
     return sorted(set(out))
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def outside_the_repository(text: str, page: Path) -> list[str]:
+    """Links, and paths quoted as code that climb out of their page's folder (`../x`), that
+    resolve outside the repository: a clone does not have them (the README cited
+    `../shared/SPEC.md`, the specification's copy on the machine it was written on)."""
+    root = REPO.resolve()
+    climbing = [span for span in INLINE.findall(text) if span.startswith("../")]
+    out = []
+    for target in [*LINK.findall(text), *climbing]:
+        resolved = (page.parent / target).resolve()
+        if "://" not in target and resolved != root and root not in resolved.parents:
+            out.append(f"{page.name}: {target} is outside the repository")
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("page", [*PAGES, SPEC], ids=[p.name for p in [*PAGES, SPEC]])
 def test_every_name_flag_and_link_exists(page):
     assert problems(page.read_text(), page) == []
+
+
+@pytest.mark.parametrize("page", DOCUMENTS, ids=[str(p.relative_to(REPO)) for p in DOCUMENTS])
+def test_no_page_points_outside_the_repository(page):
+    assert outside_the_repository(page.read_text(), page) == []
+
+
+def test_the_readme_links_the_specification():
+    assert "](docs/spec.md)" in (REPO / "README.md").read_text()
 
 
 def test_the_guide_is_linked_and_every_page_starts_with_a_command():
@@ -133,6 +161,12 @@ def test_a_dead_link_and_a_misspelled_flag_are_found():
     found = problems(planted, page)
     assert f"{page.name}: pretrain_llama.py has no flag --gnmr-max-0" in found
     assert f"{page.name}: dead link no_such_page.md" in found
+    readme = REPO / "README.md"
+    planted = readme.read_text() + "\n[spec](../shared/SPEC.md) `../shared/SPEC.md` " \
+        "[spec](/work/shared/SPEC.md)\n"
+    assert outside_the_repository(planted, readme) == [
+        "README.md: ../shared/SPEC.md is outside the repository",
+        "README.md: /work/shared/SPEC.md is outside the repository"]
     assert problems(text.replace("megatron-gnmr replay", "megatron-gnmr replya", 1), page) \
         and "no subcommand `megatron-gnmr replya`" in " ".join(
             problems(text.replace("megatron-gnmr replay", "megatron-gnmr replya", 1), page))
