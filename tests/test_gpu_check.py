@@ -341,13 +341,11 @@ def test_stepper_rotates_arms_and_leaves_warmup_untimed():
 
 def test_compiled_layers_can_run_eager_for_a_while():
     layers = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
-    compiled = CompiledLayers(layers, "eager")
-    assert all("forward" in vars(layer) for layer in layers)
+    compiled = CompiledLayers(layers, "eager")  # lazy: nothing is traced before a call
+    forwards = [vars(layer)["forward"] for layer in layers]
     with compiled.eager():
         assert all("forward" not in vars(layer) for layer in layers)
-    x = torch.randn(1, 2)
-    assert torch.equal(layers[0](x), torch.nn.functional.linear(x, layers[0].weight,
-                                                                 layers[0].bias))
+    assert [vars(layer)["forward"] for layer in layers] == forwards
 
 
 def test_the_compile_row_counts_what_happened_during_the_group():
