@@ -139,6 +139,43 @@ def test_export_of_import_is_the_original_bit_for_bit(imported, tmp_path):
         assert ours[key] == theirs[key], key
 
 
+def test_an_fp32_source_exports_in_fp32_by_default(imported, tmp_path):
+    """No --dtype: the run's own dtype, so an fp32 import round-trips bit for bit (the old
+    default, bf16, rounded it to 2e-3)."""
+    from safetensors.torch import load_file
+
+    assert cli("export-hf", str(imported / "ours"), str(tmp_path / "back")) == 0
+    original = load_file(str(imported / "hf" / "model.safetensors"))
+    back = load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert original.keys() == back.keys()
+    for name, tensor in original.items():
+        assert tensor.dtype == torch.float32 and back[name].dtype == torch.float32, name
+        assert torch.equal(back[name], tensor), name
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_a_bf16_run_exports_in_bf16_by_default(tmp_path):
+    """A --bf16 run holds bf16 weights: exported as they are, and transformers reads it in
+    bf16; its logits are the run's."""
+    from safetensors.torch import load_file
+
+    from megatron_gnmr.interop.hf import judge
+    from megatron_gnmr.interop.hf.export import logits_of
+
+    assert pretrain_in_process([*FAST, "--bf16", "--train-iters", "2",
+                                "--save", str(tmp_path / "run")]) == 0
+    assert cli("export-hf", str(tmp_path / "run"), str(tmp_path / "hf")) == 0
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert {tensor.dtype for tensor in weights.values()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
+    ids = tokens(4096)
+    gap = relative_gap(logits_of(tmp_path / "run", ids),
+                       judge.logits(judge.load(tmp_path / "hf"), ids))
+    print(f"\nbf16 run exported in bf16: max |ours - transformers (fp32)| / max |logit| = "
+          f"{gap:.2e}")
+    assert gap <= 1e-2  # bf16 activations in the run, float32 in transformers
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny run of ours (the prepared corpus's SentencePiece tokenizer), exported."""
@@ -178,7 +215,7 @@ def test_the_exported_tokenizer_gives_our_ids(trained):
 def test_bf16_export_is_the_fp32_export_rounded(trained, tmp_path):
     from safetensors.torch import load_file
 
-    assert cli("export-hf", str(trained / "run"), str(tmp_path / "bf16")) == 0  # the default
+    assert cli("export-hf", str(trained / "run"), str(tmp_path / "bf16"), "--dtype", "bf16") == 0
     full = load_file(str(trained / "hf" / "model.safetensors"))
     half = load_file(str(tmp_path / "bf16" / "model.safetensors"))
     for name, tensor in full.items():

@@ -37,13 +37,18 @@ def peft_logits(base: Path, adapter: Path, ids: torch.Tensor) -> torch.Tensor:
 
 
 def check_adapter_against_merged(root: Path, lora_run: Path, tag: str) -> None:
-    """merge-lora + export-hf of `lora_run` vs the base export + export-hf --adapter."""
+    """merge-lora + export-hf of `lora_run` vs the base export + export-hf --adapter, both in
+    the runs' own dtype (no --dtype: float32 here, as the adapters were trained)."""
+    from safetensors.torch import load_file
+
     from megatron_gnmr.interop.hf import judge
 
     adapter, merged_hf = root / f"{tag}_adapter", root / f"{tag}_merged_hf"
-    assert cli("export-hf", str(lora_run), str(adapter), "--adapter", "--dtype", "fp32",
+    assert cli("export-hf", str(lora_run), str(adapter), "--adapter",
                "--base-model", str(root / "hf")) == 0
-    assert cli("export-hf", str(root / f"{tag}_merged"), str(merged_hf), "--dtype", "fp32") == 0
+    assert cli("export-hf", str(root / f"{tag}_merged"), str(merged_hf)) == 0
+    assert {t.dtype for t in load_file(str(adapter / "adapter_model.safetensors")).values()} \
+        == {torch.float32}
     ids = tokens(4096)
     merged = judge.logits(judge.load(merged_hf), ids)
     gap = relative_gap(peft_logits(root / "hf", adapter, ids), merged)

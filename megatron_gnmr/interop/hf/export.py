@@ -9,12 +9,13 @@ optimizer, expert parallelism); a torch-format one must come from a one-process 
 without a mapping (deepseek-mla), or a setting the mapping's classes cannot express, is refused
 by name; a LoRA run is exported as a PEFT adapter (`--adapter`, `peft_adapter.py`) or merged
 first (merge-lora). The weights go through the mapping's `to_hf` into `model.safetensors` in
-the dtype asked for, beside `config.json`, `generation_config.json` and the tokenizer (a SentencePiece model as `tokenizer.model` read
-by transformers' SentencePiece backend, which encodes exactly as we do; a Hugging Face
-tokenizer's own files; GPT-2's vocab and merges). Everything
-is written into `OUT_DIR.partial` and renamed when complete: a failed export leaves nothing
-that looks like a model. The embedding keeps Megatron's padded rows (config.json's vocab_size
-says so; the tokenizer never produces them).
+the run's own dtype (its checkpoint's: float32 for an fp32 run or an import, bfloat16 for a
+--bf16 run; `--dtype` converts), beside `config.json`, `generation_config.json` and the
+tokenizer (a SentencePiece model as `tokenizer.model` read by transformers' SentencePiece
+backend, which encodes exactly as we do; a Hugging Face tokenizer's own files; GPT-2's vocab
+and merges). Everything is written into `OUT_DIR.partial` and renamed when complete: a
+failed export leaves nothing that looks like a model. The embedding keeps Megatron's padded
+rows (config.json's vocab_size says so; the tokenizer never produces them).
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ from megatron_gnmr.errors import UserError
 from megatron_gnmr.model_families import hf_mapping
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32"}
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
+
+
+def source_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
+    """The dtype a run's weights are held in (the widest floating one, should they differ):
+    what an export writes unless --dtype says otherwise, so nothing is rounded unasked."""
+    held = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    return max(held, key=lambda dtype: torch.finfo(dtype).bits, default=torch.float32)
 
 
 def _check_target(out: Path) -> None:
@@ -132,8 +140,9 @@ def write_tokenizer(tokenizer, out: Path) -> None:
         raise UserError(f"export-hf: a {tokenizer.kind} has no Hugging Face form")
 
 
-def export(run_dir: str, out_dir: str, dtype: str = "bf16", adapter: bool = False,
+def export(run_dir: str, out_dir: str, dtype: str | None = None, adapter: bool = False,
            base_model: str | None = None) -> Path:
+    """`dtype` None: the run's own (`source_dtype`)."""
     from safetensors.torch import save_file
 
     from megatron_gnmr.model import padded_vocab_size
@@ -143,16 +152,17 @@ def export(run_dir: str, out_dir: str, dtype: str = "bf16", adapter: bool = Fals
     if adapter:
         from megatron_gnmr.interop.hf.peft_adapter import export_adapter
 
-        return export_adapter(run, out, DTYPES[dtype], base_model)
+        return export_adapter(run, out, DTYPES.get(dtype), base_model)
     config, state, tokenizer, source = load_weights_on_one_rank(run)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     hf_map = hf_mapping(config, f"export-hf {run}")
-    weights = {k: v.to(DTYPES[dtype]) for k, v in hf_map.to_hf(state, config).items()}
+    to = DTYPES[dtype] if dtype else source_dtype(state)
+    weights = {k: v.to(to) for k, v in hf_map.to_hf(state, config).items()}
     save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
     hf = hf_map.hf_config(config, padded_vocab_size(tokenizer.vocab_size, config), tokenizer,
-                          DTYPE_NAMES[dtype])
+                          DTYPE_NAMES[to])
     (partial / "config.json").write_text(json.dumps(hf, indent=2))
     (partial / "generation_config.json").write_text(json.dumps(
         {key: hf[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -169,8 +179,9 @@ def export(run_dir: str, out_dir: str, dtype: str = "bf16", adapter: bool = Fals
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a run directory (--save of a LLaMA-family run)")
     parser.add_argument("out_dir", help="the Hugging Face model directory to write (new)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
-                        help="the weights' dtype (default bf16)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="the weights' dtype (default: the run's own, float32 for an fp32 "
+                        "run or an import, bfloat16 for a --bf16 run; adapters too)")
     parser.add_argument("--adapter", action="store_true",
                         help="a LoRA run: write its adapters as a PEFT adapter directory "
                         "(peft.PeftModel.from_pretrained(base, OUT_DIR)); the base is "

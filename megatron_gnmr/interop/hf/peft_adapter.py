@@ -97,8 +97,10 @@ def read_adapters(run_dir: Path, config) -> dict[str, tuple]:
     return full_adapters(shards, row_parallel_linears(config))
 
 
-def export_adapter(run_dir: Path, out: Path, dtype: torch.dtype, base_model: str | None) -> Path:
-    """Writes OUT (new) as a PEFT adapter directory, complete or not at all."""
+def export_adapter(run_dir: Path, out: Path, dtype: torch.dtype | None,
+                   base_model: str | None) -> Path:
+    """Writes OUT (new) as a PEFT adapter directory, complete or not at all; the adapters in
+    `dtype` (None: the dtype the run holds them in)."""
     from safetensors.torch import save_file
 
     from megatron_gnmr.evaluation.loaded_run import run_config
@@ -108,7 +110,8 @@ def export_adapter(run_dir: Path, out: Path, dtype: torch.dtype, base_model: str
     if config.model.num_experts:
         raise UserError(f"export-hf {run_dir} --adapter: only dense runs' adapters are "
                         "exported (LoRA trains dense models)")
-    weights = {k: v.to(dtype) for k, v in to_peft(read_adapters(run_dir, config), config).items()}
+    weights = {k: v.to(dtype or v.dtype)
+               for k, v in to_peft(read_adapters(run_dir, config), config).items()}
     modules = sorted({k.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
                       for k in weights})
     partial = out.with_name(out.name + ".partial")
