@@ -112,7 +112,8 @@ def choose(load: str, step: int | None = None) -> Choice:
                             + (f"; {'; '.join(warnings)}" if warnings else ""))
         directory, kind = Path(message[0][0]), message[0][1]
         if _hashes_match(directory, kind):
-            return Choice(directory, kind, warnings)
+            pending = dist_files.hashes_pending(directory) if kind == "torch_dist" else None
+            return Choice(directory, kind, warnings + ([pending] if pending else []))
         problem = "a file's sha256 differs from what was written (corrupt)"
         if Path(load) == directory or step is not None:
             raise UserError(f"--load {load}: {problem}; load an older checkpoint")

@@ -5,6 +5,13 @@ all-reduce (every rank the same answer, the first rank signalled decides for all
 to stop, and then checkpoints the step it just finished and exits with status 0 (a scheduler's
 time limit is not a failure: the job resumes from that checkpoint). `--exit-duration-in-mins`
 rides the same all-reduce.
+
+The save a stop triggers has a window: torchrun's agent SIGKILLs its workers 30 s after it
+passed SIGTERM on (torch 2.13's `torchrun --shutdown-timeout` or TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+sets it; a torch without them hard-codes 30 s). So it does not wait for an async save in
+flight, which it supersedes, and publishes before it hashes (`resume.RunCheckpoints.save`,
+`preempted`); the time from the signal (`received_at`) to publication is in its `checkpoint`
+event.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ class ExitRequests:
             if checkpoint.exit_duration_in_mins else None
         self.started = time.monotonic()
         self.received: str | None = None
+        self.received_at: float | None = None  # time.monotonic() of the first signal
         names = {"SIGTERM"} | ({checkpoint.exit_signal} if checkpoint.exit_signal_handler else set())
         self.previous = {}
         for name in sorted(names):
@@ -31,6 +39,8 @@ class ExitRequests:
 
     def _note(self, number, frame) -> None:
         self.received = signal.Signals(number).name
+        if self.received_at is None:
+            self.received_at = time.monotonic()
 
     def reason(self) -> str | None:
         """Collective (once per step): why every rank stops now, or None."""

@@ -386,7 +386,7 @@ class Trainer:
                 should_exit = True
             last = step == t.train_iters or should_exit
             if self.run_dir and ((ck.save_interval and step % ck.save_interval == 0) or last):
-                self.checkpoints.save(step, last=last)
+                self.checkpoints.save(step, last=last, preempted=stop is not None)
             self.faults.maybe_kill(step)
             if should_exit:
                 break

@@ -12,6 +12,7 @@ the shard holds, so no pickle is ever unpickled (`torch_dist/te_extra_state.py`)
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -63,23 +64,56 @@ class RunCheckpoints:
         config = self.trainer.config
         return config.checkpoint.finetune and config.lora.enabled
 
-    def save(self, step: int, last: bool = False) -> None:
+    def save(self, step: int, last: bool = False, preempted: bool = False) -> None:
         """Collective: this step's checkpoint. With --async-save, written while training goes
-        on unless it is the run's `last` (a stop, the end); published at a later `poll`."""
+        on unless it is the run's `last` (a stop, the end); published at a later `poll`. A
+        `preempted` save (a stop by a signal or the time limit: a window before SIGKILL) does
+        not wait for an async save in flight, which it supersedes, and publishes before it
+        hashes (torch_dist; the torch format hashes while it writes)."""
         trainer = self.trainer
         if not math.isfinite(trainer.state.last_loss):  # never a checkpoint of a non-finite step
             trainer.logger.event(step, "checkpoint_skipped", {"reason": "non-finite loss"})
             return
+        abandoned = self._abandon(step) if preempted else None
         self.wait()  # never two in flight
-        started = time.perf_counter()
+        started, started_at, published_at = time.perf_counter(), time.monotonic(), []
         asynchronous = None if last else self.async_saves
+        publish_first = (lambda path: published_at.append(time.monotonic())) if preempted \
+            else None
         path = self._write(step, asynchronous, lambda path, stall, publish: self._log(
-            step, path, started, stall, snapshot_seconds=blocked, publish_seconds=publish))
+            step, path, started, stall, snapshot_seconds=blocked, publish_seconds=publish),
+            publish_first)
         blocked = time.perf_counter() - started  # what the loop lost (async: so far)
         if path is not None:  # complete on every rank when _write returns
-            self._log(step, path, started, blocked)
+            self._log(step, path, started, blocked,
+                      **self._preemption_times(started_at, published_at))
         else:
             self.async_saves.charge(blocked)
+        if abandoned is not None and torch.distributed.get_rank() == 0:
+            shutil.rmtree(abandoned, ignore_errors=True)  # every rank's writer has ended
+
+    def _abandon(self, step: int) -> Path | None:
+        """Collective: end the async save in flight unpublished (a preemption's save of a
+        newer step supersedes it). Returns its staging directory."""
+        staging = self.async_saves.abandon() if self.async_saves is not None else None
+        if staging is not None and is_logging_rank():
+            self.trainer.logger.event(step, "checkpoint_abandoned", {
+                "path": str(staging), "reason": "superseded by this step's save, which a "
+                "stop does not make wait for it"})
+        return staging
+
+    def _preemption_times(self, started_at: float, published_at: list[float]) -> dict:
+        """A preemption's save: when it was published (before its files were hashed), and
+        how long after this rank's signal it was published and hashed."""
+        if not published_at:
+            return {}
+        now = time.monotonic()
+        times = {"published_seconds": published_at[0] - started_at}
+        received = getattr(self.trainer.exit_requests, "received_at", None)
+        if received is not None:
+            times.update(signal_to_published_seconds=published_at[0] - received,
+                         signal_to_hashed_seconds=now - received)
+        return times
 
     def _log(self, step: int, path: Path, started: float, stall: float, **parts) -> None:
         """`loop_seconds`: all the loop lost to this save (async: the snapshot and fork, the
@@ -101,13 +135,14 @@ class RunCheckpoints:
         if self.async_saves is not None:
             self.async_saves.wait()
 
-    def _write(self, step: int, asynchronous=None, published=None) -> Path | None:
+    def _write(self, step: int, asynchronous=None, published=None,
+               publish_first=None) -> Path | None:
         trainer = self.trainer
         trainer.controller.verify_agreement(step)
         if trainer.config.checkpoint.ckpt_format == "torch_dist":
             return dist_run.save(trainer, step, self.settings(), trainer.padded_vocab_size,
                                  trainer.flops_per_step, trainer.faults, asynchronous,
-                                 published)
+                                 published, publish_first)
         state_of = adapter_state if self.adapters_only else model_state
         with trainer.overlap.whole_weights():
             models = [state_of(chunk) for chunk in trainer.model]

@@ -16,12 +16,18 @@ Never two in flight: a save waits for the one before it; the run's last save, a 
 
 What the loop loses to a save is counted whole: the snapshot and fork, every `poll` while the
 save is in flight, and the finalize that publishes it (`on_published` gets the sum).
+
+A preemption's save does not wait for the one in flight, which it supersedes: `abandon` ends
+that writer (and the processes it forked), unpublished, so the preemption's window is spent on
+the newer checkpoint alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
+import queue
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +39,7 @@ from megatron_gnmr.training.torch_dist import files
 
 @dataclass
 class _InFlight:
+    staging: Path
     on_published: Callable[[Path, float, float], None]
     stall_s: float = 0.0
     path: Path | None = None
@@ -78,7 +85,7 @@ class AsyncSaves:
         if request.async_fn is not None:  # None: this rank writes nothing
             request = request._replace(async_fn=partial(_write_then_hash, request.async_fn,
                                                         staging))
-        flight = _InFlight(on_published)
+        flight = _InFlight(staging, on_published)
         request.add_finalize_fn(lambda: setattr(flight, "path", publish()))
         self.queue.schedule_async_request(request)
         self.in_flight = flight
@@ -106,3 +113,50 @@ class AsyncSaves:
         if flight.path is not None:
             self.in_flight = None
             flight.on_published(flight.path, flight.stall_s, seconds)
+
+    def abandon(self) -> Path | None:
+        """Collective (every rank at the same point: a stop is agreed on): end the save in
+        flight without publishing it and without waiting for its writer. Returns its staging
+        directory (invisible, for the caller to remove), or None if none was in flight."""
+        if not self.queue.get_num_unfinalized_calls():
+            return None
+        active = self.queue.async_calls.popleft()  # megatron's record of the call
+        writer = getattr(active.async_caller, "process", None)
+        if writer is not None:
+            _end_process_tree(writer.pid)
+            writer.join()
+            active.async_caller.process = None
+        _drain_write_results()
+        staging, self.in_flight = self.in_flight.staging, None
+        return staging
+
+
+def _end_process_tree(pid: int) -> None:
+    """SIGKILL a writer and every process it forked (megatron-core 0.16's writer forks one per
+    file): stopped first, so that it forks no more while its children are listed. The caller
+    reaps the writer; its children, orphaned, are not waited for (a container's init may never
+    reap them), only killed."""
+    import psutil
+
+    try:
+        writer = psutil.Process(pid)
+        writer.suspend()
+        tree = [*writer.children(recursive=True), writer]
+    except psutil.Error:  # it has already exited
+        return
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
+def _drain_write_results() -> None:
+    """A writer ended after it reported leaves its report in megatron's results queue, where
+    the next save (the synchronous one that superseded it) would read it as its own."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    results = filesystem_async._results_queue
+    while results is not None:
+        try:
+            results.get_nowait()
+        except queue.Empty:
+            return

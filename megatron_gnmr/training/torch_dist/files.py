@@ -13,6 +13,13 @@ rename) and only then prunes older checkpoints beyond `--keep-last`. A kill at a
 leaves the previous checkpoint and the tracker intact; a directory without
 `megatron_gnmr.json` is never loaded.
 
+A preemption's save has a window (torchrun's SIGKILL follows its SIGTERM after 30 s by
+default), so it publishes first and hashes after (`finish_then_hash`): its files are written
+and fsynced before the rename, the manifest records their sizes and says the hashes are
+pending, the tracker points to it, and then every file is read back, hashed and recorded, and
+only then are older checkpoints pruned. A resume that finds the hashes still pending (the
+SIGKILL came first) loads it on its sizes with a warning, never silently.
+
 Choosing: the tracker's iteration first, then the others newest first; rank 0 passes over
 any whose files are missing or of the wrong size, the ranks together check every file's
 sha256 (file i on rank i mod world), and a candidate any rank finds corrupt is passed over,
@@ -27,6 +34,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -38,6 +46,7 @@ MANIFEST = "megatron_gnmr.json"
 FORMAT = 1
 ITERATION = re.compile(r"iter_(\d{7,})")
 WRITER_HASHES = "megatron_gnmr.writer_sha256.rank"  # + "<rank>.json", removed before publication
+PENDING = "sha256_pending"  # a manifest published before its files were hashed
 
 
 def _fsync_directory(path: Path) -> None:
@@ -152,6 +161,39 @@ def finish(root: str, staging: Path, step: int, manifest: dict, keep_last: int) 
     return final
 
 
+def _synced_size(path: Path) -> int:
+    """The file's size once it is on disk (megatron's writer fsyncs the tensor files; its
+    small files, `common.pt` and `metadata.json`, it does not)."""
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
+        return os.fstat(file.fileno()).st_size
+
+
+def finish_then_hash(root: str, staging: Path, step: int, manifest: dict, keep_last: int,
+                     on_published: Callable[[Path], None]) -> Path:
+    """Collective, as `finish`, for a save that must fit a window: published with its sizes
+    (its hashes pending; `on_published(path)` then), then every file read back and hashed
+    (split over the ranks) and the manifest rewritten with the hashes and the published sizes
+    (a file changed since fails the size check of any load); older checkpoints are pruned only
+    then. Returns the final directory."""
+    names = _written_files(staging)
+    sizes = _gathered({name: {"size": _synced_size(staging / name)} for name in _my_files(names)})
+    described = {**manifest, "format": FORMAT, "step": step}
+    final = Path(root) / f"iter_{step:07d}"
+    if torch.distributed.get_rank() == 0:
+        _publish(root, staging, step, {**described, "files": sizes, PENDING: True})
+    torch.distributed.barrier()
+    on_published(final)
+    files = _gathered({name: {**sizes[name], "sha256": _sha256(final / name)}
+                       for name in _my_files(names)})
+    if torch.distributed.get_rank() == 0:
+        write_durably(final / MANIFEST, json.dumps(
+            {**described, "files": files, "hashed_after_publication": True}, indent=2))
+        _prune_older(Path(root), step, keep_last)
+    torch.distributed.barrier()
+    return final
+
+
 def _prune_older(root: Path, step: int, keep_last: int) -> None:
     older = sorted((s, p) for p in root.iterdir() if p.is_dir()
                    and (s := step_of(p)) is not None and s < step and is_complete(p))
@@ -220,9 +262,23 @@ def problem_on_disk(directory: Path) -> str | None:
     return None
 
 
+def hashes_pending(directory: Path) -> str | None:
+    """Why `directory` cannot be checked by its hashes: a preemption's save published it and
+    was stopped before it had hashed its files (None: the hashes are there)."""
+    if not read_manifest(directory).get(PENDING):
+        return None
+    return (f"{directory} was published by a preemption's save that was stopped before it "
+            "had hashed its files: loaded on its sizes alone (every file was written and "
+            "fsynced before it was published)")
+
+
 def hashes_match(directory: Path) -> bool:
-    """Collective: every file's sha256 against the manifest (the files split over ranks)."""
-    files = read_manifest(directory)["files"]
+    """Collective: every file's sha256 against the manifest (the files split over ranks);
+    true without reading where the hashes are pending (`hashes_pending` says so)."""
+    manifest = read_manifest(directory)
+    if manifest.get(PENDING):  # every rank reads the same manifest: every rank returns here
+        return True
+    files = manifest["files"]
     good = all(_sha256(directory / name) == files[name]["sha256"]
                for name in _my_files(list(files)))
     verdict = torch.tensor([int(good)], device=run_device())

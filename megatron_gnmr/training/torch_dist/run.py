@@ -74,11 +74,14 @@ def _start_writer_results_queue() -> None:
 
 
 def save(trainer, step: int, settings: dict, padded_vocab_size: int,
-         flops_per_step: float, faults, asynchronous=None, published=None) -> Path | None:
+         flops_per_step: float, faults, asynchronous=None, published=None,
+         publish_first=None) -> Path | None:
     """Collective: this step's checkpoint in `--save`, published when complete. With
     `asynchronous` (an `async_save.AsyncSaves`): written by a forked writer while training
     goes on, published later (then, on every rank, `published(path, loop stall seconds,
-    seconds of the call that published)`); returns None."""
+    seconds of the call that published)`); returns None. With `publish_first` (a preemption's
+    save, whose window is short): published before its files are hashed, and
+    `publish_first(path)` called in between (`files.finish_then_hash`)."""
     _start_writer_results_queue()
     root = trainer.run_dir
     staging = files.staging_directory(root, step) if torch.distributed.get_rank() == 0 \
@@ -86,10 +89,11 @@ def save(trainer, step: int, settings: dict, padded_vocab_size: int,
     torch.distributed.barrier()
     form = content.optimizer_form(trainer.config.checkpoint)
 
+    described = {"settings": settings, "layout": content.layout(trainer.config)}
+    keep_last = trainer.config.checkpoint.keep_last
+
     def publish() -> Path:
-        return files.finish(root, staging, step,
-                            {"settings": settings, "layout": content.layout(trainer.config)},
-                            trainer.config.checkpoint.keep_last)
+        return files.finish(root, staging, step, described, keep_last)
 
     with trainer.overlap.whole_weights():
         state = content.sharded_state(trainer, is_loading=False, with_rank_state=True,
@@ -106,6 +110,8 @@ def save(trainer, step: int, settings: dict, padded_vocab_size: int,
     if asynchronous is not None:
         return None
     torch.distributed.barrier()
+    if publish_first is not None:
+        return files.finish_then_hash(root, staging, step, described, keep_last, publish_first)
     return publish()
 
 
