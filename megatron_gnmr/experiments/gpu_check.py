@@ -1,5 +1,6 @@
 """`scripts/gpu_check.sh`: one prepared check of the GPU path, for a person with one GPU
-(under 8 minutes on an H100 or H200). It prints one table:
+(meant to take under 8 minutes on an H100 or H200; not yet timed on one). It prints one
+table:
 
 - capability: CUDA, Transformer Engine and its FP8 recipes, torchao, the versions;
 - (a) te-fp8 recovery: units forced onto the recovery path at step k and back at step k+1;
@@ -9,7 +10,7 @@
   every layer compiled alike, at 2 layers, hidden 4096, FFN 14336, 32 heads / 8 groups,
   sequence 4096 (gpu_check_speed.py);
 - (c) the controller's cost: its step against the step without it, and its own per-step work
-  under CUDA-synchronised timers;
+  under CUDA-synchronised timers (it decides but recovers nothing: its overhead alone);
 - (d) torchao recovery: (a)'s checks for fp8-torchao against megatron's BF16 layers;
 - training: each FP8 arm's loss within 3% of its BF16 arm's;
 - checkpoint: an async save resumed on the same layout, and a resume on another layout
