@@ -19,7 +19,8 @@ input, plus one layer's activations while it is recomputed. MoE layers multiply 
 terms by top-k. The last stage adds the fp32 logits of the vocab-parallel cross-entropy. With
 pipeline parallelism the first stage holds min(PP, micro-batches) micro-batches (1F1B).
 It is an estimate: allocator fragmentation, communication buffers and CUDA/NCCL workspaces
-(often 2-5 GiB) come on top.
+(often 2-5 GiB) come on top. Host memory is `checkpoint_size.py`'s: what a torch_dist save and
+load need, and the pinned part a GPU run holds from its first save to its end.
 """
 
 from __future__ import annotations
