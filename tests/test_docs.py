@@ -37,7 +37,7 @@ OTHER_TOOLS = {"--log_samples",
                "--kill-on-bad-exit", "--time", "--gres", "--no-index", "--find-links",
                "--system-site-packages", "--dist", "--durations", "--summary", "--fast",
                "--entity", "--project", "--from-spec", "--offline", "--help",
-               "--ignore-requires-python", "--no-deps", "-m"}
+               "--ignore-requires-python", "--no-deps", "--no-build-isolation", "-m"}
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
