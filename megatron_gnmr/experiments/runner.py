@@ -3,7 +3,9 @@ time on one thread each, and write the results table (JSON + markdown) and the r
 
 Each run is an ordinary `pretrain_llama.py` process with its own run directory under the
 results directory, so any run can be inspected, replayed or reported on its own; a run
-whose `summary.json` exists is not run again (an interrupted reproduction resumes).
+whose `summary.json` exists is not run again (an interrupted reproduction resumes), nor is
+one whose summary is committed under docs/runs/SCENARIO from this CPU model (a round spread
+over machines resumes from what landed; see committed_runs).
 """
 
 from __future__ import annotations
@@ -100,6 +102,12 @@ def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2,
             raise UserError(f"reproduce {scenario.name} --variants: no variant "
                             f"{', '.join(unknown)}; it has {', '.join(scenario.variants)}")
         runs = [run for run in runs if run[0] in variants]
+    if not smoke:
+        runs = _without_committed(scenario, runs)
+        if not runs:
+            print(f"reproduce {scenario.name}: every run is committed in docs/runs/"
+                  f"{scenario.name}; the compare commands rebuild the tables from there")
+            return {}
     start = time.time()
     if scenario.pretrain is not None:
         base = str(pretrain(scenario, smoke, CACHE_DIR).resolve())
@@ -113,7 +121,8 @@ def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2,
         for future in tqdm(as_completed(futures), total=len(futures), desc=scenario.name,
                            unit="run"):
             future.result()
-    if (variants and set(variants) != set(scenario.variants)) or seeds:
+    if (variants and set(variants) != set(scenario.variants)) or seeds or \
+            len(runs) < len(scenario.runs(smoke)):
         print(f"reproduce {scenario.name}: ran a part of it; the tables come once every "
               "variant and seed has run (or from compare-closed-loop)")
         return {}
@@ -122,6 +131,19 @@ def reproduce(scenario: Scenario, out: Path, smoke: bool, jobs: int = 2,
     write_tables(results, out)
     _report(scenario, out, runs)
     return results
+
+
+def _without_committed(scenario: Scenario, runs) -> list:
+    from megatron_gnmr.experiments.committed_runs import committed_summaries, runs_still_to_make
+    from megatron_gnmr.experiments.provenance import cpu_name
+
+    summaries = REPO / "docs" / "runs" / scenario.name
+    committed = committed_summaries(summaries, runs)
+    left = runs_still_to_make(runs, committed, cpu_name(), summaries)
+    if len(left) < len(runs):
+        print(f"reproduce {scenario.name}: {len(runs) - len(left)} runs committed in "
+              f"{summaries.relative_to(REPO)} are not made again")
+    return left
 
 
 def _report(scenario: Scenario, out: Path, runs) -> None:

@@ -1,0 +1,37 @@
+"""A reproduction resumes from the summaries that landed, never mixing CPU models in a seed."""
+
+import json
+
+import pytest
+
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.experiments.committed_runs import committed_summaries, runs_still_to_make
+
+HERE, THERE = "Xeon (family 6, model 207)", "Xeon (family 6, model 167)"
+RUNS = [(variant, seed, []) for seed in (1, 2, 3) for variant in ("healthy", "twin")]
+
+
+def _commit(folder, variant, seed, cpu):
+    (folder / f"{variant}-seed{seed}.json").write_text(json.dumps({"cpu": cpu}))
+
+
+def _left(folder):
+    return [(v, s) for v, s, _ in
+            runs_still_to_make(RUNS, committed_summaries(folder, RUNS), HERE, folder)]
+
+
+def test_a_whole_seed_from_another_cpu_is_kept_and_a_part_made_here_is_finished(tmp_path):
+    _commit(tmp_path, "healthy", 1, THERE)
+    _commit(tmp_path, "twin", 1, THERE)
+    _commit(tmp_path, "twin", 2, HERE)
+    assert _left(tmp_path) == [("healthy", 2), ("healthy", 3), ("twin", 3)]
+
+
+def test_a_seed_part_made_on_another_cpu_is_refused_by_name(tmp_path):
+    _commit(tmp_path, "healthy", 2, THERE)
+    with pytest.raises(UserError, match=r"seed 2 .*healthy \(Xeon \(family 6, model 167\)\)"):
+        _left(tmp_path)
+
+
+def test_nothing_committed_leaves_every_run(tmp_path):
+    assert _left(tmp_path) == [(v, s) for v, s, _ in RUNS]
