@@ -23,7 +23,8 @@ from megatron_gnmr.controller.config import GNMRRunConfig
 from megatron_gnmr.data.config import DataConfig
 from megatron_gnmr.model_families.deepseek_mla import MLAConfig
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.limits import check_limits, limit
+from megatron_gnmr.limits import (MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH,
+                                  check_limits, limit)
 from megatron_gnmr.lora.config import LoRAConfig
 from megatron_gnmr.monitors.config import MonitorConfig
 from megatron_gnmr.observe.config import LoggingConfig
@@ -31,10 +32,6 @@ from megatron_gnmr.platform.housekeeping import HousekeepingConfig
 from megatron_gnmr.precision.config import PrecisionConfig
 
 
-# Upper bounds on a model's shape: ~30x the largest published models (Llama 3.1 405B: 126
-# layers, hidden 16384, FFN 53248, 128 heads, 128k context; DeepSeek-V3: 256 experts). Beyond
-# them a value is a typo, and a memory estimate or a build would answer it with nonsense.
-MAX_LAYERS, MAX_WIDTH, MAX_HEADS, MAX_SEQUENCE, MAX_EXPERTS = 4096, 1 << 20, 8192, 1 << 22, 1 << 14
 # megatron-core's OptimizerParamScheduler: its decay styles and WSD's final decay shapes.
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")

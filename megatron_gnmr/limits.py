@@ -20,6 +20,12 @@ def limit(default, *, ge=None, gt=None, le=None, lt=None, choices=None):
     return field(default=default, metadata=metadata)
 
 
+# Upper bounds on a model's shape: ~30x the largest published models (Llama 3.1 405B: 126
+# layers, hidden 16384, FFN 53248, 128 heads, 128k context; DeepSeek-V3: 256 experts). Beyond
+# them a value is a typo, and a memory estimate or a build would answer it with nonsense (the
+# config and import-hf's reading of config.json hold them).
+MAX_LAYERS, MAX_WIDTH, MAX_HEADS, MAX_SEQUENCE, MAX_EXPERTS = 4096, 1 << 20, 8192, 1 << 22, 1 << 14
+
 _HOLDS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<=": lambda v, b: v <= b,
           "<": lambda v, b: v < b}
 
