@@ -129,3 +129,53 @@ def test_the_ladder_held_out_verdicts_and_tests_by_hand(monkeypatch):
     assert compared["failed_at_exact"]["sign_p_rival_better"] == pytest.approx(15 / 16)
     assert compared["failed_at_healthy"]["sign_p_chosen_better"] == pytest.approx(1 / 8)
     assert compared["healthy"]["chosen"] == compared["healthy"]["rival"] == 0
+
+
+def _probe_trace(path, delta_error, loss):
+    """A probe arm's detection trace in the committed format (detection_traces.write's)."""
+    import json
+
+    import numpy as np
+
+    steps, units = delta_error.shape
+    meta = {"name": path.stem, "units": [f"decoder.layers.{u}.self_attention.core_attention"
+                                         for u in range(units)],
+            "config": {}, "signal_settings": {}, "measured": ["kernel_delta_error"],
+            "fault_layers": [], "diverged_at": None, "provenance": {}}
+    np.savez_compressed(path, meta=np.array(json.dumps(meta)),
+                        norms=np.ones((steps, units), np.float32),
+                        alarmed=np.packbits(np.zeros((steps, units), bool), axis=None),
+                        loss=np.asarray(loss, np.float32),
+                        measured_kernel_delta_error=delta_error.astype(np.float32))
+
+
+def test_the_lr_edge_replays_the_ladders_choice_on_the_probe_arms(tmp_path):
+    """At the LR where layer 2's delta error jumps (step 40, 0.5 against 0.01 elsewhere), the
+    ladder's chosen probe-delta-size 0.1 fires at step 40 naming layer 2 and runs it exact from
+    step 41 to the end: 60 of 400 unit-steps; at the quiet LR it never fires."""
+    import json
+
+    import numpy as np
+
+    from megatron_gnmr.experiments import lr_edge_detectors as seen
+
+    quiet = np.full((100, 4), 0.01)
+    loud = quiet.copy()
+    loud[39:, 2] = 0.5  # steps 40..100
+    _probe_trace(tmp_path / "probe-lr0.006-seed1.npz", quiet, np.linspace(8, 4, 100))
+    _probe_trace(tmp_path / "probe-lr0.024-seed1.npz", loud, np.linspace(8, 4.3, 100))
+    ladder = tmp_path / "ladder.json"
+    ladder.write_text(json.dumps({"best": {"probe-delta-size": "probe-delta-size 0.1",
+                                           "te-unit-latch": None}}))
+    chosen = seen.chosen_settings(ladder)
+    assert list(chosen) == ["probe-delta-size"]
+    table = {"bf16-lr0.024": {1: _run(4.1)}, "probe-lr0.024": {1: _run(4.3)},
+             "bf16-lr0.006": {1: _run(4.0)}, "probe-lr0.006": {1: _run(4.0)}}
+    result = seen.replay(seen.probe_traces(tmp_path), chosen, seen.fates(judge(table)))
+    edge, calm = result["probe-delta-size"][0.024][1], result["probe-delta-size"][0.006][1]
+    assert (edge["first_alarm"], edge["layers"]) == (40, [2])
+    assert edge["spend"] == pytest.approx(60 / 400)
+    assert edge["gap_to_bf16"] == pytest.approx(0.2) and not edge["diverged"]
+    assert calm["first_alarm"] is None and calm["spend"] == 0.0
+    seen.plot(seen.probe_traces(tmp_path), tmp_path / "probe.png")
+    assert (tmp_path / "probe.png").stat().st_size > 0

@@ -23,6 +23,7 @@ import argparse
 import json
 import re
 import statistics
+from pathlib import Path
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.experiments.closed_loop_runs import run_summary
@@ -169,9 +170,29 @@ def _spelled(lr: float, table: dict, arm: str) -> str:
                 if VARIANT.match(v)["arm"] == arm and float(VARIANT.match(v)["lr"]) == lr)
 
 
+def _detector_lines(result: dict, summaries: Path, ladder: Path) -> list[str]:
+    """The probe arms' section: the ladder's chosen detectors replayed on them, and the
+    probe's statistics per LR drawn (lr_edge_detectors)."""
+    from megatron_gnmr.experiments import lr_edge_detectors as seen
+
+    probes = seen.probe_traces(summaries / "traces")
+    if not probes:
+        return []
+    seen.plot(probes, summaries / "lr_edge_probe.png")
+    chosen = seen.chosen_settings(ladder)
+    replayed = None if chosen is None else seen.replay(probes, chosen, seen.fates(result))
+    if replayed is not None:
+        result["detectors"] = {family: {str(lr): runs for lr, runs in by_lr.items()}
+                               for family, by_lr in replayed.items()}
+    return seen.lines(replayed, probes)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="an LR sweep scenario (lr_edge)")
     add_location_arguments(parser)
+    parser.add_argument("--ladder", default="docs/runs/attention_ladder/ladder.json",
+                        help="the ladder's committed choice, whose detectors are replayed on "
+                        "the probe arms (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -181,7 +202,8 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(f"compare-lr-edge: no finished run under {runs} or {summaries}")
     result = judge(table)
     cpus = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
-    lines = [*table_lines(result), "", f"Runs made on: {', '.join(cpus)}."]
+    lines = [*table_lines(result), "", f"Runs made on: {', '.join(cpus)}.",
+             *_detector_lines(result, summaries, Path(args.ladder))]
     (summaries / "lr_edge.md").write_text("\n".join(lines) + "\n")
     (summaries / "lr_edge.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, table, summaries / "lr_edge.png")

@@ -1,0 +1,143 @@
+"""What the ladder's detectors see at the learning-rate edge, the failure nobody injected
+(issue 56 item 5), from the traces of the `probe-lrVALUE` arms: FP8 at that LR, uncontrolled,
+with every detector's quantity traced on the core attentions.
+
+Each family is replayed at the one setting the ladder's training round chose for it (`best`
+in the committed ladder.json), never re-tuned on these runs: per LR, the runs it fires on, its
+first alarm, the layers it names and its spend, beside each run's fate (the step it diverged
+at, or its final-loss gap to BF16 of the same seed and LR). The kernel probe's statistics are
+also drawn per LR without any threshold (`plot`), so that what the natural failure looks like
+to the probe can be read whatever a threshold says.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from megatron_gnmr.experiments import detection_traces
+from megatron_gnmr.experiments.detectors import LADDER_FAMILIES, ORACLE, first_alarm, settings, spend
+
+PROBE = re.compile(r"^probe-lr(?P<lr>[0-9.e+-]+)-seed(?P<seed>\d+)\.npz$")
+DRAWN = (("kernel_output_bias", "O's error, sign agreement (probe)"),
+         ("kernel_delta_error", "delta's relative error (probe)"),
+         ("fp8_underflow_o", "share of O that underflows E4M3 (TE's metric, with O)"))
+
+
+def probe_traces(traces: Path) -> dict[float, dict[int, Path]]:
+    """{lr: {seed: trace path}} of the probe arms' committed traces."""
+    found: dict[float, dict[int, Path]] = {}
+    for path in sorted(traces.glob("probe-lr*-seed*.npz")):
+        match = PROBE.match(path.name)
+        if match:
+            found.setdefault(float(match["lr"]), {})[int(match["seed"])] = path
+    return found
+
+
+def chosen_settings(ladder_json: Path) -> dict[str, object] | None:
+    """{family: Setting} as the ladder's training round chose them (None: no choice yet)."""
+    if not ladder_json.is_file():
+        return None
+    best = json.loads(ladder_json.read_text()).get("best", {})
+    by_label = {s.label: s for s in settings(among=LADDER_FAMILIES)}
+    return {family: by_label[label] for family, label in best.items()
+            if label is not None and label in by_label and family != ORACLE}
+
+
+def fates(result: dict) -> dict[tuple[float, int], dict]:
+    """{(lr, seed): fate} of each probe run, from compare-lr-edge's judged arms: the step it
+    diverged at (None: it lived) and its final-loss gap to BF16 of the same LR and seed."""
+    probe, bf16 = result["arms"].get("probe"), result["arms"].get("bf16")
+    out = {}
+    for lr, row in (probe or {"rows": {}})["rows"].items():
+        for seed, final in row["final"].items():
+            reference = (bf16 or {"rows": {}})["rows"].get(lr, {}).get("final", {}).get(seed)
+            out[(lr, seed)] = {"diverged": seed in row["diverged"],
+                               "gap_to_bf16": None if seed in row["diverged"] or
+                               reference is None else final - reference}
+    return out
+
+
+def replay(probes: dict[float, dict[int, Path]], chosen: dict, fate: dict) -> dict:
+    """Per family and LR: each seed's first alarm (step, layers), spend and fate."""
+    out: dict[str, dict[float, dict[int, dict]]] = {}
+    for lr, by_seed in sorted(probes.items()):
+        for seed, path in sorted(by_seed.items()):
+            run = detection_traces.read(path)
+            known = fate.get((lr, seed), {"diverged": run.diverged_at is not None,
+                                          "gap_to_bf16": None})
+            for family, setting in chosen.items():
+                alarm = first_alarm(run.trace, setting)
+                out.setdefault(family, {}).setdefault(lr, {})[seed] = {
+                    "setting": setting.label, **known,
+                    "first_alarm": None if alarm is None else alarm.step,
+                    "layers": [] if alarm is None else
+                    [_layer(run.trace.units[u]) for u in alarm.units],
+                    "spend": spend(run.trace, setting)}
+    return out
+
+
+def _layer(unit: str) -> int:
+    return int(re.search(r"layers\.(\d+)\.", unit)[1])
+
+
+def lines(result: dict | None, probes: dict) -> list[str]:
+    if not probes:
+        return []
+    head = ["", "## What the ladder's detectors see here (the probe arms)", ""]
+    if result is None:
+        return head + ["No ladder choice is committed yet (docs/runs/attention_ladder/"
+                       "ladder.json): the detectors are not replayed; the probe's statistics "
+                       "per LR are drawn in lr_edge_probe.png."]
+    out = head + ["Each family at the setting the ladder's training round chose for it, "
+                  "replayed on the FP8 probe runs (no control): runs it fires on, its first "
+                  "alarm (median step), the layers it names, its mean spend (share of "
+                  "attention unit-steps it would run exact); the runs' fates: diverged (x) or "
+                  "the final-loss gap to BF16 of the same seed.", "",
+                  "| family (setting) | LR | fires | first alarm | layers named | spend | "
+                  "fates |", "|---|---|---|---|---|---|---|"]
+    for family, by_lr in result.items():
+        for lr, by_seed in by_lr.items():
+            rows = list(by_seed.values())
+            alarms = [r["first_alarm"] for r in rows if r["first_alarm"] is not None]
+            layers = sorted({layer for r in rows for layer in r["layers"]})
+            fates = ", ".join("x" if r["diverged"] else
+                              ("?" if r["gap_to_bf16"] is None else f"{r['gap_to_bf16']:+.3f}")
+                              for r in rows)
+            out.append(f"| {family} ({rows[0]['setting']}) | {lr:g} | {len(alarms)}/"
+                       f"{len(rows)} | {statistics.median(alarms) if alarms else '-'} | "
+                       f"{layers or '-'} | {statistics.fmean(r['spend'] for r in rows):.3f} | "
+                       f"{fates} |")
+    return out
+
+
+def plot(probes: dict[float, dict[int, Path]], path: Path) -> None:
+    """Per drawn statistic, its per-unit-step values at each LR (every seed pooled), as boxes:
+    what the natural failure looks like to each quantity, no threshold involved."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lrs = sorted(probes)
+    figure, axes = plt.subplots(1, len(DRAWN), figsize=(5 * len(DRAWN), 3.8))
+    for axis, (name, title) in zip(axes, DRAWN):
+        values = []
+        for lr in lrs:
+            pooled = [detection_traces.read(p).trace.measured.get(name)
+                      for p in probes[lr].values()]
+            pooled = np.concatenate([v.ravel() for v in pooled if v is not None] or [[]])
+            values.append(pooled[np.isfinite(pooled)])
+        axis.boxplot(values, whis=(1, 99), showfliers=False)
+        axis.set_xticks(range(1, len(lrs) + 1), [f"{lr:g}" for lr in lrs])
+        axis.set_xlabel("peak LR (FP8, uncontrolled)")
+        axis.set_title(title, fontsize=9)
+    figure.suptitle("The kernel probe and TE's metric per LR (boxes: quartiles, whiskers: "
+                    "1st-99th percentile of unit-steps)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
