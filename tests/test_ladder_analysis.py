@@ -32,7 +32,7 @@ def test_the_lr_edge_by_hand():
     assert fp8["rows"][0.02]["mean"] == pytest.approx((4.1 + 8.0) / 2)
     assert bf16["sensitivity"] == pytest.approx((0.0 + 0.075 + 0.2) / 3)
     assert result["paired"][0.02]["gaps"] == pytest.approx([0.0, 8.0 - 4.25])
-    assert result["paired"][0.01]["fp8_worse"] == 2
+    assert result["paired"][0.01]["worse"] == 2
 
 
 def test_lethality_counts_death_and_harm_at_each_margin():
@@ -212,3 +212,29 @@ def test_the_lr_edge_arms_run_where_fp8_fails_and_bf16_lives(tmp_path):
     assert chosen[chosen.index("--gnmr-attention-error-threshold") + 1] == "0.1"
     assert sorted(v.split("-lr")[0] for v in variants) == sorted(
         ["bf16", "fp8", "chosen", "gnmr", "first-layer", "random"])
+
+
+def test_every_arm_is_paired_with_bf16_and_its_spend_and_layers_are_read():
+    """At one LR: the first-layer arm 0.1 and 0.3 above BF16 on its two seeds (mean +0.2),
+    recovering layer 0 on 50% and 100% of the unit-steps it made (mean 0.75)."""
+    def arm_run(final, share, units):
+        return {**_run(final), "recovered_share_of_executed_steps": share,
+                "recoveries": {f"decoder.layers.{u}.self_attention.core_attention": [[2, 9]]
+                               for u in units}}
+
+    table = {"bf16-lr0.02": {1: _run(4.0), 2: _run(4.1)},
+             "firstlayer-lr0.02": {1: arm_run(4.1, 0.5, [0]), 2: arm_run(4.4, 1.0, [0])},
+             "fp8-lr0.02": {1: _run(4.5), 2: _run(9.0, diverged_at=10)}}
+    rows = judge(table)["against_bf16"]
+    first = rows["firstlayer"][0.02]
+    assert first["gaps"] == pytest.approx([0.1, 0.3]) and first["worse"] == 2
+    assert first["spend"] == pytest.approx(0.75) and first["layers"] == [0]
+    assert rows["fp8"][0.02]["gaps"] == pytest.approx([0.5, 8.0 - 4.1])
+    assert rows["fp8"][0.02]["layers"] == [] and rows["fp8"][0.02]["spend"] == 0.0
+
+
+def test_runs_made_on_different_cpu_models_are_not_paired():
+    table = {"bf16-lr0.02": {1: {**_run(4.0), "cpu": "A"}, 2: {**_run(4.0), "cpu": "A"}},
+             "fp8-lr0.02": {1: {**_run(4.5), "cpu": "A"}, 2: {**_run(9.0), "cpu": "B"}}}
+    row = judge(table)["paired"][0.02]
+    assert row["gaps"] == pytest.approx([0.5]) and row["other_cpu"] == 1

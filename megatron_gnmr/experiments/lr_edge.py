@@ -61,6 +61,7 @@ def judge(table: dict) -> dict:
             runs = by_lr[lr]
             losses = {seed: final_loss(s) for seed, s in runs.items()}
             rows[lr] = {"seeds": sorted(runs), "final": losses,
+                        "cpu": {seed: r.get("cpu") for seed, r in runs.items()},
                         "mean": statistics.fmean(losses.values()) if losses else None,
                         "diverged": sorted(s for s, r in runs.items()
                                            if r["diverged_at"] is not None)}
@@ -76,7 +77,24 @@ def judge(table: dict) -> dict:
                                                             for r in rows.values())}
     if {"bf16", "fp8"} <= set(out["arms"]):
         out["paired"] = _paired(out["arms"]["fp8"]["rows"], out["arms"]["bf16"]["rows"])
+    if "bf16" in out["arms"]:
+        out["against_bf16"] = {arm: _paired(out["arms"][arm]["rows"], out["arms"]["bf16"]["rows"])
+                               for arm in out["arms"] if arm != "bf16"}
+        for arm, by_lr in arms.items():
+            for lr, runs in by_lr.items():
+                if arm != "bf16" and lr in out["against_bf16"][arm]:
+                    out["against_bf16"][arm][lr].update(_control(runs))
     return out
+
+
+def _control(runs: dict[int, dict]) -> dict:
+    """What an arm's controller did over its seeds: the mean share of the core attentions'
+    unit-steps it ran exact (of the steps each run made), and the layers it ever recovered."""
+    layers = sorted({int(re.search(r"layers\.(\d+)\.", unit)[1])
+                     for r in runs.values() for unit in r.get("recoveries", {})
+                     if re.search(r"layers\.(\d+)\.", unit)})
+    return {"spend": statistics.fmean(r.get("recovered_share_of_executed_steps", 0.0)
+                                      for r in runs.values()), "layers": layers}
 
 
 def _reached(rows: dict, start: float, fails) -> float:
@@ -89,14 +107,17 @@ def _reached(rows: dict, start: float, fails) -> float:
     return edge
 
 
-def _paired(fp8: dict, bf16: dict) -> dict:
-    """Per LR both arms ran: FP8 - BF16 per shared seed, its mean, and FP8's worse seeds."""
+def _paired(arm: dict, bf16: dict) -> dict:
+    """Per LR both arms ran: the arm - BF16 per shared seed made on one CPU model (runs pair
+    only there: GEMMs round differently on another), its mean, and the arm's worse seeds."""
     paired = {}
-    for lr in sorted(set(fp8) & set(bf16)):
-        seeds = sorted(set(fp8[lr]["final"]) & set(bf16[lr]["final"]))
-        gaps = [fp8[lr]["final"][s] - bf16[lr]["final"][s] for s in seeds]
+    for lr in sorted(set(arm) & set(bf16)):
+        shared = sorted(set(arm[lr]["final"]) & set(bf16[lr]["final"]))
+        seeds = [s for s in shared if arm[lr]["cpu"].get(s) == bf16[lr]["cpu"].get(s)]
+        gaps = [arm[lr]["final"][s] - bf16[lr]["final"][s] for s in seeds]
         paired[lr] = {"gaps": gaps, "mean_gap": statistics.fmean(gaps) if gaps else None,
-                      "fp8_worse": sum(g > 0 for g in gaps), "seeds": len(gaps)}
+                      "worse": sum(g > 0 for g in gaps), "seeds": len(gaps),
+                      "other_cpu": len(shared) - len(seeds)}
     return paired
 
 
@@ -122,12 +143,24 @@ def table_lines(result: dict) -> list[str]:
                          f"{'**' if row['fails'] else ''}")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {arm['edge']:g} | "
                      f"{arm['divergence_edge']:g} | {arm['sensitivity']:.3f} |")
-    if "paired" in result:
-        lines += ["", "FP8 against BF16, seed for seed (same data and initial weights):", "",
-                  "| LR | mean gap FP8 - BF16 | seeds FP8 worse |", "|---|---|---|"]
-        for lr, row in result["paired"].items():
-            lines.append(f"| {lr:g} | {row['mean_gap']:+.4f} | {row['fp8_worse']}/"
-                         f"{row['seeds']} |")
+    if result.get("against_bf16"):
+        lines += ["", "Each arm against BF16, seed for seed (same data and initial weights; a "
+                  "diverged run counts its initial loss); the controller's spend is the share "
+                  "of the core attentions' unit-steps it ran exact, and the layers it ever "
+                  "recovered:", "",
+                  "| arm | LR | mean gap to BF16 | seeds worse | gaps | spend | layers recovered |",
+                  "|---|---|---|---|---|---|---|"]
+        for arm, by_lr in result["against_bf16"].items():
+            for lr, row in by_lr.items():
+                if not row["seeds"]:
+                    if row["other_cpu"]:
+                        lines.append(f"| {arm} | {lr:g} | - | - | ({row['other_cpu']} seeds "
+                                     "made on another CPU model than BF16's: not paired) "
+                                     "| - | - |")
+                    continue
+                lines.append(f"| {arm} | {lr:g} | {row['mean_gap']:+.4f} | {row['worse']}/"
+                             f"{row['seeds']} | {', '.join(f'{g:+.3f}' for g in row['gaps'])} "
+                             f"| {row.get('spend', 0.0):.3f} | {row.get('layers') or '-'} |")
     return lines
 
 

@@ -30,7 +30,7 @@ def failing_lrs(lr_edge: dict) -> list[str]:
     has not cost BF16)."""
     bf16 = lr_edge["arms"]["bf16"]["rows"]
     return [lr for lr, pair in lr_edge["paired"].items()
-            if not bf16[lr]["diverged"] and pair["fp8_worse"] == pair["seeds"] > 0
+            if not bf16[lr]["diverged"] and pair["worse"] == pair["seeds"] > 0
             and pair["mean_gap"] > lr_edge["tolerance"]]
 
 
