@@ -179,6 +179,8 @@ def test_the_lr_edge_replays_the_ladders_choice_on_the_probe_arms(tmp_path):
     assert calm["first_alarm"] is None and calm["spend"] == 0.0
     seen.plot(seen.probe_traces(tmp_path), tmp_path / "probe.png")
     assert (tmp_path / "probe.png").stat().st_size > 0
+    assert seen.plot_norms(tmp_path, tmp_path / "norms.png")
+    assert not seen.plot_norms(tmp_path / "nothing", tmp_path / "none.png")
 
 
 def test_the_lr_edge_arms_run_where_fp8_fails_and_bf16_lives(tmp_path):

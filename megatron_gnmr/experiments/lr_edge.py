@@ -208,9 +208,11 @@ def _detector_lines(result: dict, summaries: Path, ladder: Path) -> list[str]:
     probe's statistics per LR drawn (lr_edge_detectors)."""
     from megatron_gnmr.experiments import lr_edge_detectors as seen
 
+    drawn = seen.plot_norms(summaries / "traces", summaries / "lr_edge_norms.png")
     probes = seen.probe_traces(summaries / "traces")
     if not probes:
-        return []
+        return ["", "Each traced run's core-attention gradient norms and loss: "
+                "lr_edge_norms.png."] if drawn else []
     seen.plot(probes, summaries / "lr_edge_probe.png")
     chosen = seen.chosen_settings(ladder)
     replayed = None if chosen is None else seen.replay(probes, chosen, seen.fates(result))

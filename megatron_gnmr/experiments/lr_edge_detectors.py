@@ -141,3 +141,43 @@ def plot(probes: dict[float, dict[int, Path]], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)
+
+
+def plot_norms(traces: Path, path: Path) -> bool:
+    """Per arm with committed traces, each core attention's gradient norm over the steps
+    (every seed, log scale) above the training loss: where a run's attention blows up, and
+    whether its controller held it. False when there is nothing to draw."""
+    runs: dict[str, list] = {}
+    for trace_path in sorted(traces.glob("*-lr*-seed*.npz")):
+        arm = trace_path.name.split("-lr")[0]
+        runs.setdefault(arm, []).append(detection_traces.read(trace_path))
+    if not runs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, len(runs), figsize=(3.6 * len(runs), 6), sharex=True,
+                                sharey="row", squeeze=False)
+    for column, (arm, seeds) in enumerate(runs.items()):
+        norms, losses = axes[0][column], axes[1][column]
+        for run in seeds:
+            for unit, name in enumerate(run.trace.units):
+                norms.plot(run.trace.steps, run.trace.norms[:, unit], lw=0.6,
+                           color=f"C{_layer(name)}", alpha=0.7,
+                           label=f"layer {_layer(name)}" if run is seeds[0] else None)
+            losses.plot(run.trace.steps, run.loss, lw=0.6, alpha=0.8)
+            if run.diverged_at is not None:
+                losses.axvline(run.diverged_at, color="red", lw=0.6, ls="--")
+        norms.set_yscale("log")
+        norms.set_title(arm, fontsize=9)
+        losses.set_xlabel("step")
+        losses.set_ylim(3.5, 8.5)
+    axes[0][0].set_ylabel("core attention's gradient norm")
+    axes[1][0].set_ylabel("training loss (red: diverged)")
+    axes[0][0].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return True
