@@ -269,7 +269,8 @@ class TrainingConfig:
     not with emulated or switchable precision, whose weight gradient is its own GEMM)."""
     attention_backend: str = limit("auto", choices=ATTENTION_BACKENDS)
     """Core attention: auto, flash, fused, unfused (Transformer Engine's kernels, in the TE
-    layers of --precision-recipe te-fp8) or local (megatron's own)."""
+    layers of --precision-recipe te-fp8) or local (megatron's own). In the local layers: torch's
+    scaled_dot_product_attention, except local and unfused (megatron's unfused attention)."""
     use_flash_attn: bool = False
     """Megatron's older spelling of --attention-backend flash."""
     emulated_attention: bool = False

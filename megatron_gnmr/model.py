@@ -83,16 +83,20 @@ def attention_backend(training) -> AttnBackend:
 
 
 def attention_backend_note(config: RunConfig) -> str | None:
-    """A Transformer Engine kernel named for megatron-core's local layers: their own attention
-    runs, as Megatron-LM runs it with --transformer-impl local (said at start, not refused)."""
+    """A Transformer Engine kernel named for megatron-core's local layers: what runs instead
+    (said at start, not refused): torch's SDPA for flash and fused, megatron's own unfused
+    attention for unfused (as --attention-backend local)."""
     t = config.training
     chosen = "flash" if t.use_flash_attn else t.attention_backend
-    if chosen in ("flash", "fused", "unfused") and \
-            not precision_backend(config.precision).transformer_engine_layers:
-        return (f"--attention-backend {chosen} names a Transformer Engine kernel; these layers "
-                "are megatron-core's local ones, whose own attention runs (as in Megatron-LM "
-                "with --transformer-impl local)")
-    return None
+    if chosen not in ("flash", "fused", "unfused") or \
+            precision_backend(config.precision).transformer_engine_layers:
+        return None
+    instead = "megatron-core's own unfused attention runs (as with --attention-backend local)" \
+        if chosen == "unfused" else ("torch's scaled_dot_product_attention runs (torch picks "
+                                     "its flash, memory-efficient or cuDNN kernel)")
+    return (f"--attention-backend {chosen} names a Transformer Engine kernel; these layers are "
+            f"megatron-core's local ones: {instead}, unless the core attention is an emulated "
+            "unit")
 
 
 def _moe_fields(config: RunConfig) -> dict:
@@ -140,17 +144,37 @@ def layer_spec(config: RunConfig, moe: bool = True):
     if backend.layer_spec is not None:
         return backend.layer_spec(family, config, num_experts)
     spec = family.local_layer_spec(config, num_experts)
-    from megatron_gnmr.precision.attention_unit import switchable_attention
-
-    if config.training.emulated_attention or switchable_attention(config) or \
-            getattr(family, "needs_emulated_core_attention", False):
-        from megatron_gnmr.precision.attention_unit import EmulatedFlashAttention
-
+    core_attention = local_core_attention(config, family)
+    if core_attention is not None:
         spec = copy.deepcopy(spec)
-        megatron_compat.attention_submodules(spec).core_attention = EmulatedFlashAttention
+        megatron_compat.attention_submodules(spec).core_attention = core_attention
     if backend.recipe is not None:
         spec = emulated_layer_spec(spec, family)
     return spec
+
+
+def local_core_attention(config: RunConfig, family) -> type | None:
+    """The core attention of a local layer: the emulated flash attention where it is a unit
+    with a low-precision path (or asked for, or the family's own attention needs it), else
+    torch's SDPA, unless --attention-backend local (or unfused) asks for megatron's own
+    unfused attention (None: the spec's)."""
+    from megatron_gnmr.precision.attention_unit import switchable_attention
+
+    emulated = config.training.emulated_attention or switchable_attention(config)
+    if not emulated and not megatron_unfused_attention(config.training):
+        from megatron_gnmr.precision.sdpa_attention import SdpaAttention
+
+        return SdpaAttention
+    if emulated or getattr(family, "needs_emulated_core_attention", False):
+        from megatron_gnmr.precision.attention_unit import EmulatedFlashAttention
+
+        return EmulatedFlashAttention
+    return None
+
+
+def megatron_unfused_attention(training) -> bool:
+    """--attention-backend local (megatron's own) or unfused: the scores materialized."""
+    return not training.use_flash_attn and training.attention_backend in ("local", "unfused")
 
 
 def build_gpt_model(config: RunConfig, tconfig: TransformerConfig, vocab_size: int) -> GPTModel:

@@ -84,8 +84,10 @@ class ModelFamily(Protocol):
         """megatron's local (no Transformer Engine) layer spec of this family's model
         (`megatron_compat.local_layer_spec` with the family's keywords). A family whose
         local core attention megatron cannot compute says so with a true class attribute
-        `needs_emulated_core_attention`: the model builder then hands it the emulated flash
-        attention (`precision/attention_unit.py`), so that no family imports precision."""
+        `needs_emulated_core_attention`: where megatron's own attention is asked for
+        (--attention-backend local), the model builder then hands it the emulated flash
+        attention (`precision/attention_unit.py`), else torch's SDPA as every family, so that
+        no family imports precision."""
 
     def te_layer_spec(self, config: Any, num_experts: int | None) -> Any:
         """megatron's Transformer Engine layer spec of this family's model."""
