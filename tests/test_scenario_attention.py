@@ -36,7 +36,7 @@ def test_no_scenario_run_moves_to_sdpa(name):
 
     moved = []
     for variant, flags in _runs(load_scenario(name)):
-        config = parse_config(flags, world_size=1, announce=False)
+        config = parse_config(flags)
         if backend(config.precision).transformer_engine_layers:
             continue  # Transformer Engine's attention, untouched
         chosen = local_core_attention(config, family_of(config))
