@@ -32,6 +32,9 @@ TINY = [
     "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "3e-3",
     "--lr-warmup-iters", "2", "--log-interval", "1", "--eval-iters", "2",
     "--data-cache-dir", str(REPO / ".cache" / "megatron_gnmr"),
+    # the values the tests were written against, before the defaults became Megatron-LM's
+    "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--weight-decay", "0.1",
+    "--adam-beta2", "0.95", "--num-workers", "0",
 ]
 
 

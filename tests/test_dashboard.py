@@ -17,7 +17,8 @@ from tests.helpers import LAUNCH_TIMEOUT_S, TINY, read_jsonl, run_pretrain
 pytest.importorskip("wandb_workspaces", reason="wandb-workspaces is a dependency")
 
 RUN = [*TINY, "--train-iters", "16", "--lr-warmup-iters", "1", "--eval-interval", "8",
-       "--num-experts", "4", "--precision-recipe", "fp8-emulated", "--gnmr", "--gnmr-delta",
+       "--num-experts", "4", "--moe-aux-loss-coeff", "0.01", "--precision-recipe", "fp8-emulated",
+       "--gnmr", "--gnmr-delta",
        "1", "--gnmr-warmup", "2", "--monitors", "attention,router", "--monitor-interval", "2",
        "--monitor-delta", "2", "--monitor-detector", "online", "--monitor-baseline-samples",
        "3", "--monitor-patience", "1", "--monitor-band", "0.5", "--image-interval", "8",

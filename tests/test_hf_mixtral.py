@@ -115,8 +115,9 @@ def test_a_moe_run_exported_loads_as_mixtral_with_our_logits(tmp_path):
     from megatron_gnmr.interop.hf.export import logits_of
 
     run = tmp_path / "run"
-    assert pretrain_in_process([*TINY, "--num-experts", str(EXPERTS), "--moe-router-topk",
-                                str(TOPK), "--train-iters", "3", "--eval-interval", "100",
+    assert pretrain_in_process([*TINY, "--num-experts", str(EXPERTS), "--moe-aux-loss-coeff",
+                                "0.01", "--moe-router-topk", str(TOPK), "--train-iters", "3",
+                                "--eval-interval", "100",
                                 "--save", str(run)]) == 0
     assert cli("export-hf", str(run), str(tmp_path / "hf"), "--dtype", "fp32") == 0
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))  # no extra code

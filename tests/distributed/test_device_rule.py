@@ -18,7 +18,8 @@ LAYOUTS = {
                        "fp8-torchao", "--ffn-hidden-size", "192",
                        "--gnmr-signals", "gnmr,qerr"],
     "pp2": ["--pipeline-model-parallel-size", "2"],
-    "moe_ep2_router": ["--num-experts", "4", "--expert-model-parallel-size", "2",
+    "moe_ep2_router": ["--num-experts", "4", "--moe-aux-loss-coeff", "0.01",
+                       "--expert-model-parallel-size", "2",
                        "--monitors", "attention,router"],
 }
 

@@ -37,7 +37,7 @@ BOUND = 1e-4
 COMMON = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "2", "--save-interval", "5",
           "--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--monitors", "attention",
           "--monitor-interval", "4", "--monitor-delta", "2"]
-MOE = ["--num-experts", "4", "--moe-router-topk", "2"]
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01"]
 # source layout -> target layout, all in a world of 2 but DP 2 -> 1 (a world of 1)
 CASES = {
     "tp2_to_tp1": (["--tensor-model-parallel-size", "2"], []),

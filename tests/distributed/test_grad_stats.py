@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import LAUNCH_TIMEOUT_S, REPO, TINY, TORCHRUN
 
 TP2 = ["--tensor-model-parallel-size", "2"]
-MOE = ["--num-experts", "4"]
+MOE = ["--num-experts", "4", "--moe-aux-loss-coeff", "0.01"]
 DISTOPT = ["--use-distributed-optimizer"]
 LAYOUTS = {  # name: (flags, processes, units)
     "tp2": (TP2, 2, 8),

@@ -53,7 +53,8 @@ def test_every_family_read_and_trained_across_processes_gives_transformers_logit
     trained = {  # name: (flags, the layout's words)
         "llama": ([*TINY, *short, "--pipeline-model-parallel-size", "2",
                    "--use-distributed-optimizer"], "PP 2"),
-        "mixtral": ([*TINY, "--num-experts", str(EXPERTS), "--moe-router-topk", str(TOPK),
+        "mixtral": ([*TINY, "--num-experts", str(EXPERTS), "--moe-aux-loss-coeff", "0.01",
+                     "--moe-router-topk", str(TOPK),
                      *short, *at_ep2], "EP 2"),
         "deepseek_v3": ([*DEEPSEEK_RUN, *at_ep2], "EP 2"),
     }

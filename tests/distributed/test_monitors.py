@@ -31,7 +31,8 @@ def test_attention_monitor_tp2_matches_tp1(tmp_path):
 
 
 def test_moe_trains_with_ep2_and_the_router_monitor(tmp_path):
-    run_pretrain([*TINY, "--num-experts", "4", "--moe-router-topk", "2",
+    run_pretrain([*TINY, "--num-experts", "4", "--moe-aux-loss-coeff", "0.01",
+                  "--moe-router-topk", "2",
                   "--expert-model-parallel-size", "2", "--monitors", "router,attention",
                   "--monitor-interval", "2", "--monitor-delta", "2", "--train-iters", "12",
                   "--eval-interval", "100", "--save", str(tmp_path)], nproc=2)

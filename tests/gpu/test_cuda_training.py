@@ -56,7 +56,8 @@ def test_te_fp8_trains_with_per_unit_bf16_recovery(tmp_path):
 
 @needs_te
 def test_te_fp8_with_experts_switches_experts(tmp_path):
-    run_pretrain([*TINY, *TE_WIDE, "--num-experts", "4", "--train-iters", "12",
+    run_pretrain([*TINY, *TE_WIDE, "--num-experts", "4", "--moe-aux-loss-coeff", "0.01",
+                  "--train-iters", "12",
                   "--eval-interval", "100", *EAGER_GNMR, "--gnmr-max-o", "6",
                   "--save", str(tmp_path)])
     names = read_jsonl(tmp_path / "gnmr_trace.jsonl")[0]["units"]
