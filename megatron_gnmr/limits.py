@@ -25,6 +25,9 @@ def limit(default, *, ge=None, gt=None, le=None, lt=None, choices=None):
 # them a value is a typo, and a memory estimate or a build would answer it with nonsense (the
 # config and import-hf's reading of config.json hold them).
 MAX_LAYERS, MAX_WIDTH, MAX_HEADS, MAX_SEQUENCE, MAX_EXPERTS = 4096, 1 << 20, 8192, 1 << 22, 1 << 14
+# RoPE's base: ~300x the largest published (3.6e9, a 1M-context Llama 3); megatron-core raises
+# it to a power as a torch integer, which overflows from 2**63
+MAX_ROTARY_BASE = 10 ** 12
 
 _HOLDS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<=": lambda v, b: v <= b,
           "<": lambda v, b: v < b}

@@ -177,8 +177,12 @@ def _special_tokens(directory: Path) -> dict[str, str]:
             continue
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise UserError(f"{path}: not valid JSON ({error})") from None
+        except RecursionError:  # nested deeper than the parser goes
+            raise UserError(f"{path}: nested too deeply to be a tokenizer's settings") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: a {type(data).__name__}, not a JSON object of settings")
         for key in ("eos_token", "pad_token", "bos_token"):
             value = data.get(key)
             if isinstance(value, dict):

@@ -60,6 +60,9 @@ class ModelFamily(Protocol):
     `model_types`) and maps both ways, on full state dicts and config dicts: `to_hf`,
     `from_hf`, `hf_config`, `sections` (our config sections from Hugging Face's config),
     `unused_weights` (names in a checkpoint the classes do not use, left out on import),
+    `expected_weights` (every tensor the classes hold for a config, its shape and the fields
+    that make it, as pairs made lazily: import-hf checks the files against it,
+    `checked_hf.py`),
     `exportable` (a UserError naming what the classes cannot express), and for the PEFT
     adapter `projections` (each unit linear's Hugging Face projections, in its weight's row
     order; None: no adapter export) and `unfuse_qkv` (`llama_hf.py` is the LLaMA family's,

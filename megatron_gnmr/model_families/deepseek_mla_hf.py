@@ -24,11 +24,16 @@ are not part of transformers' model either: import-hf leaves them out and says s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.limits import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH
+from megatron_gnmr.model_families.checked_hf import (ConfigJson, Expected, rope_table,
+                                                     rope_theta, rope_type)
 from megatron_gnmr.model_families.tied_hf import (output_layer_from_hf, output_layer_to_hf,
-                                                  tied, tied_head_on_disk)
+                                                  tied_head_on_disk)
 
 ATTENTION = "self_attention."
 EXPERTS = "mlp.experts.local_experts."
@@ -64,25 +69,33 @@ def _swiglu_from_hf(weights: dict, theirs: str, ours: str) -> dict:
             ours + "linear_fc2.weight": weights[theirs + "down_proj.weight"]}
 
 
+def _swiglu_shapes(at: str, inner: int, hidden: int, inner_by: str, hidden_by: str) -> dict:
+    return {at + "gate_proj.weight": Expected((inner, hidden), f"{inner_by}, {hidden_by}"),
+            at + "up_proj.weight": Expected((inner, hidden), f"{inner_by}, {hidden_by}"),
+            at + "down_proj.weight": Expected((hidden, inner), f"{hidden_by}, {inner_by}")}
+
+
 def _is_moe(config, layer: int) -> bool:
     return layer >= config.model.moe_first_dense_layers
 
 
-def _rope_sections(rope: dict, where: str) -> dict:
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind in ("default", None):
+def _rope_sections(rope: ConfigJson, where: str) -> dict:
+    kind = rope_type(rope)
+    if kind == "default":
         return {}
     if kind != "yarn":
-        raise UserError(f"{where}: rope type {kind!r} is not built by the deepseek-mla family "
-                        "(plain RoPE, or YaRN)")
-    optional = {"yarn_beta_fast": rope.get("beta_fast"), "yarn_beta_slow": rope.get("beta_slow"),
+        raise UserError(f"{where}: config.json's rope type {kind!r} is not built by the "
+                        "deepseek-mla family (plain RoPE, or YaRN)")
+    # beta: rotations over the original context, which no dimension makes more of than there
+    # are positions (published: 32 and 1); near 1e308 megatron-core's YaRN takes the log of 0
+    optional = {"yarn_beta_fast": rope.number("beta_fast", None, gt=0, le=MAX_SEQUENCE),
+                "yarn_beta_slow": rope.number("beta_slow", None, gt=0, le=MAX_SEQUENCE),
                 "yarn_original_max_position_embeddings":
-                    rope.get("original_max_position_embeddings")}
-    return {"rotary_scaling_factor": float(rope["factor"]),
-            "mscale": float(rope.get("mscale", 1.0)),
-            "mscale_all_dim": float(rope.get("mscale_all_dim", 0.0)),
-            **{k: (int(v) if k.endswith("embeddings") else float(v))
-               for k, v in optional.items() if v is not None}}
+                    rope.integer("original_max_position_embeddings", None, le=MAX_SEQUENCE)}
+    return {"rotary_scaling_factor": rope.number("factor", ge=1),
+            "mscale": rope.number("mscale", 1.0, gt=0),
+            "mscale_all_dim": rope.number("mscale_all_dim", 0.0, ge=0),
+            **{k: v for k, v in optional.items() if v is not None}}
 
 
 class DeepSeekV3HF:
@@ -216,70 +229,134 @@ class DeepSeekV3HF:
         }
 
     def sections(self, hf: dict, where: str) -> dict[str, dict]:
-        """Our model and mla sections for a DeepseekV3 config (a UserError names any setting
-        the family cannot build)."""
-        if hf.get("attention_bias"):
-            raise UserError(f"{where}: attention_bias true is not built by the deepseek-mla "
-                            "family")
-        if hf.get("rope_interleave", True) is not True:
-            raise UserError(f"{where}: rope_interleave false: megatron-core's MLA rotates a "
-                            "head's RoPE dimensions interleaved (DeepSeek-V3's layout)")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise UserError(f"{where}: hidden_act {hf['hidden_act']!r}: the MLP is SwiGLU")
-        if float(hf.get("rms_norm_eps", LATENT_NORM_EPS)) != LATENT_NORM_EPS:
-            raise UserError(f"{where}: rms_norm_eps {hf['rms_norm_eps']}: transformers' latent "
-                            f"norms use {LATENT_NORM_EPS} whatever it says, megatron-core's "
-                            "one epsilon for every norm (DeepSeek-V3 has 1e-6)")
-        try:
-            top_k, groups = int(hf["num_experts_per_tok"]), int(hf.get("n_group") or 1)
-            topk_group = int(hf.get("topk_group") or 1)
-            if not hf.get("norm_topk_prob", True) and top_k > 1:
-                raise UserError(f"{where}: norm_topk_prob false: megatron-core renormalises "
-                                "the top-k sigmoid scores")
-            if groups > 1 and top_k // topk_group != GROUP_SCORE_TOP:
-                raise UserError(f"{where}: num_experts_per_tok {top_k} / topk_group "
-                                f"{topk_group}: megatron-core ranks groups by their top "
-                                f"topk / group_topk scores, transformers by their top "
-                                f"{GROUP_SCORE_TOP}")
-            routed = int(hf["moe_intermediate_size"])
-            rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-            model = {
-                "num_layers": int(hf["num_hidden_layers"]), "hidden_size": int(hf["hidden_size"]),
-                "ffn_hidden_size": int(hf["intermediate_size"]),
-                "num_attention_heads": int(hf["num_attention_heads"]),
-                "max_position_embeddings": int(hf.get("max_position_embeddings", 4096)),
-                "rotary_base": int(float(rope.get("rope_theta", hf.get("rope_theta", 10000)))),
-                "norm_epsilon": LATENT_NORM_EPS,
-                "init_method_std": float(hf.get("initializer_range", 0.02)),
-                "untie_embeddings_and_output_weights": not tied(hf),
-                "num_experts": int(hf["n_routed_experts"]), "moe_router_topk": top_k,
-                "moe_ffn_hidden_size": routed,
-                "moe_shared_expert_intermediate_size": routed * int(hf.get("n_shared_experts")
-                                                                    or 1),
-                "moe_first_dense_layers": int(hf.get("first_k_dense_replace", 0)),
-                "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-                "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0,
-                "moe_router_topk_scaling_factor": float(hf.get("routed_scaling_factor", 1.0)),
-                **({"moe_router_num_groups": groups, "moe_router_group_topk": topk_group}
-                   if groups > 1 else {}),
-            }
-            q_lora = hf.get("q_lora_rank")
-            mla = {"q_lora_rank": int(q_lora) if q_lora else None,
-                   "kv_lora_rank": int(hf["kv_lora_rank"]),
-                   "qk_head_dim": int(hf["qk_nope_head_dim"]),
-                   "qk_pos_emb_head_dim": int(hf["qk_rope_head_dim"]),
-                   "v_head_dim": int(hf["v_head_dim"]), **_rope_sections(rope, where)}
-        except (KeyError, TypeError, ValueError) as error:
-            raise UserError(f"{where}: not a complete DeepseekV3 config "
-                            f"({type(error).__name__}: {error})") from None
+        """Our model and mla sections for a DeepseekV3 config, every field read checked (a
+        UserError names any setting the family cannot build)."""
+        config = ConfigJson(hf, where)
+        if config.boolean("attention_bias", False):
+            raise UserError(f"{where}: config.json's attention_bias true is not built by the "
+                            "deepseek-mla family")
+        if not config.boolean("rope_interleave", True):
+            raise UserError(f"{where}: config.json's rope_interleave false: megatron-core's MLA "
+                            "rotates a head's RoPE dimensions interleaved (DeepSeek-V3's layout)")
+        if config.word("hidden_act", "silu") != "silu":
+            raise UserError(f"{where}: config.json's hidden_act {hf['hidden_act']!r}: the MLP is "
+                            "SwiGLU")
+        if config.number("rms_norm_eps", LATENT_NORM_EPS, gt=0) != LATENT_NORM_EPS:
+            raise UserError(f"{where}: config.json's rms_norm_eps {hf['rms_norm_eps']}: "
+                            f"transformers' latent norms use {LATENT_NORM_EPS} whatever it says, "
+                            "megatron-core's one epsilon for every norm (DeepSeek-V3 has 1e-6)")
+        layers = config.integer("num_hidden_layers", le=MAX_LAYERS)
+        config.integer("num_nextn_predict_layers", 0, ge=0, le=MAX_LAYERS)  # `unused_weights`
+        experts = config.integer("n_routed_experts", ge=2, le=MAX_EXPERTS)
+        top_k = config.integer("num_experts_per_tok", le=experts)
+        groups = config.integer("n_group", 1, le=experts)
+        config.dividing("n_group", groups, "n_routed_experts", experts)
+        topk_group = config.integer("topk_group", 1, le=groups)
+        if not config.boolean("norm_topk_prob", True) and top_k > 1:
+            raise UserError(f"{where}: config.json's norm_topk_prob false: megatron-core "
+                            "renormalises the top-k sigmoid scores")
+        if groups > 1 and top_k // topk_group != GROUP_SCORE_TOP:
+            raise UserError(f"{where}: config.json's num_experts_per_tok {top_k} / topk_group "
+                            f"{topk_group}: megatron-core ranks groups by their top "
+                            f"topk / group_topk scores, transformers by their top "
+                            f"{GROUP_SCORE_TOP}")
+        routed = config.integer("moe_intermediate_size", le=MAX_WIDTH)
+        rope = rope_table(config)
+        model = {
+            "num_layers": layers, "hidden_size": config.integer("hidden_size", le=MAX_WIDTH),
+            "ffn_hidden_size": config.integer("intermediate_size", le=MAX_WIDTH),
+            "num_attention_heads": config.integer("num_attention_heads", le=MAX_HEADS),
+            "max_position_embeddings": config.integer("max_position_embeddings", 4096,
+                                                      le=MAX_SEQUENCE),
+            "rotary_base": rope_theta(config, rope), "norm_epsilon": LATENT_NORM_EPS,
+            "init_method_std": config.number("initializer_range", 0.02, gt=0),
+            "padded_vocab_size": config.integer("vocab_size"),  # the embedding's rows: checked
+            "untie_embeddings_and_output_weights": not config.boolean("tie_word_embeddings"),
+            "num_experts": experts, "moe_router_topk": top_k, "moe_ffn_hidden_size": routed,
+            "moe_shared_expert_intermediate_size":
+                routed * config.integer("n_shared_experts", 1, le=MAX_EXPERTS),
+            "moe_first_dense_layers": config.integer("first_k_dense_replace", 0, ge=0,
+                                                     le=layers),
+            "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+            "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0,
+            "moe_router_topk_scaling_factor": config.number("routed_scaling_factor", 1.0, gt=0),
+            **({"moe_router_num_groups": groups, "moe_router_group_topk": topk_group}
+               if groups > 1 else {}),
+        }
+        rope_dim = config.integer("qk_rope_head_dim", ge=2, le=MAX_WIDTH)
+        if rope_dim % 2:
+            config.fail("qk_rope_head_dim", "must be even (RoPE rotates pairs)")
+        mla = {"q_lora_rank": config.integer("q_lora_rank", None, le=MAX_WIDTH),
+               "kv_lora_rank": config.integer("kv_lora_rank", le=MAX_WIDTH),
+               "qk_head_dim": config.integer("qk_nope_head_dim", le=MAX_WIDTH),
+               "qk_pos_emb_head_dim": rope_dim,
+               "v_head_dim": config.integer("v_head_dim", le=MAX_WIDTH),
+               **_rope_sections(rope, where)}
         return {"model": model, "mla": mla}
 
+    def expected_weights(self, sections: dict, hf: dict) -> Iterator[tuple[str, Expected]]:
+        """Every tensor transformers' DeepseekV3 holds for this config, with its shape and the
+        fields of config.json that make it (lazily: `checked_hf.check_weights` stops early)."""
+        m, s = sections["model"], sections["mla"]
+        hidden, heads, vocab = m["hidden_size"], m["num_attention_heads"], m["padded_vocab_size"]
+        nope, rope, v = s["qk_head_dim"], s["qk_pos_emb_head_dim"], s["v_head_dim"]
+        kv, q_lora = s["kv_lora_rank"], s["q_lora_rank"]
+        routed, experts = m["moe_ffn_hidden_size"], m["num_experts"]
+        shared = m["moe_shared_expert_intermediate_size"]
+        h, n = f"hidden_size {hidden}", f"num_attention_heads {heads}"
+        qk = f"{n} x (qk_nope_head_dim {nope} + qk_rope_head_dim {rope})"
+        yield "model.embed_tokens.weight", Expected((vocab, hidden), f"vocab_size {vocab}, {h}")
+        yield "model.norm.weight", Expected((hidden,), h)
+        if m["untie_embeddings_and_output_weights"]:
+            yield "lm_head.weight", Expected((vocab, hidden), f"vocab_size {vocab}, {h}")
+        for layer in range(m["num_layers"]):
+            at = f"model.layers.{layer}."
+            out = {at + "input_layernorm.weight": Expected((hidden,), h),
+                   at + "post_attention_layernorm.weight": Expected((hidden,), h)}
+            a = at + "self_attn."
+            if q_lora is None:
+                out[a + "q_proj.weight"] = Expected((heads * (nope + rope), hidden), f"{qk}, {h}")
+            else:
+                r = f"q_lora_rank {q_lora}"
+                out.update({a + "q_a_proj.weight": Expected((q_lora, hidden), f"{r}, {h}"),
+                            a + "q_a_layernorm.weight": Expected((q_lora,), r),
+                            a + "q_b_proj.weight": Expected((heads * (nope + rope), q_lora),
+                                                            f"{qk}, {r}")})
+            k = f"kv_lora_rank {kv}"
+            out.update({
+                a + "kv_a_proj_with_mqa.weight": Expected(
+                    (kv + rope, hidden), f"{k} + qk_rope_head_dim {rope}, {h}"),
+                a + "kv_a_layernorm.weight": Expected((kv,), k),
+                a + "kv_b_proj.weight": Expected(
+                    (heads * (nope + v), kv), f"{n} x (qk_nope_head_dim {nope} + v_head_dim {v}), "
+                    f"{k}"),
+                a + "o_proj.weight": Expected((hidden, heads * v), f"{h}, {n} x v_head_dim {v}")})
+            if layer < m["moe_first_dense_layers"]:
+                out.update(_swiglu_shapes(at + "mlp.", m["ffn_hidden_size"], hidden,
+                                          f"intermediate_size {m['ffn_hidden_size']}", h))
+                yield from out.items()
+                continue
+            e = f"n_routed_experts {experts}"
+            out.update({at + "mlp.gate.weight": Expected((experts, hidden), f"{e}, {h}"),
+                        at + "mlp.gate.e_score_correction_bias": Expected((experts,), e)})
+            out.update(_swiglu_shapes(at + "mlp.shared_experts.", shared, hidden,
+                                      f"moe_intermediate_size {routed} x n_shared_experts "
+                                      f"{shared // routed}", h))
+            yield from out.items()
+            for expert in range(experts):
+                yield from _swiglu_shapes(f"{at}mlp.experts.{expert}.", routed, hidden,
+                                          f"moe_intermediate_size {routed}", h).items()
+
     def unused_weights(self, weights: dict, hf: dict) -> list[str]:
-        """The multi-token-prediction layers' weights (transformers' model has none), and a
-        tied model's head saved beside its embedding."""
-        first = int(hf["num_hidden_layers"])
+        """The multi-token-prediction layers' weights (transformers' model has none: the
+        `num_nextn_predict_layers` after the last decoder layer, DeepSeek-V3's layer 61), and a
+        tied model's head saved beside its embedding. Any other layer beyond the config's is
+        the weights disagreeing with it (`checked_hf.check_weights` refuses it)."""
+        first = hf["num_hidden_layers"]  # both read and checked by `sections`
+        after = range(first, first + (hf.get("num_nextn_predict_layers") or 0))
         return [name for name in weights if name.startswith("model.layers.") and
-                int(name.split(".")[2]) >= first] + tied_head_on_disk(weights, hf)
+                name.split(".")[2].isdigit() and int(name.split(".")[2]) in after] + \
+            tied_head_on_disk(weights, hf)
 
 
 DEEPSEEK_V3_HF = DeepSeekV3HF()

@@ -18,13 +18,18 @@ share_embeddings_and_output_weights, one matrix, and no `lm_head.weight` on disk
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.limits import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH
+from megatron_gnmr.model_families.checked_hf import (ConfigJson, Expected, rope_table,
+                                                     rope_theta, rope_type)
 from megatron_gnmr.model_families.llama_layout import (PROJ, QKV, fused_qkv, head_dim,
                                                        unfused_qkv)
 from megatron_gnmr.model_families.tied_hf import (output_layer_from_hf, output_layer_to_hf,
-                                                  tied, tied_head_on_disk)
+                                                  tied_head_on_disk)
 
 ATTENTION = "self_attention."
 EXPERTS = "mlp.experts.local_experts."
@@ -77,20 +82,21 @@ def _mlp_from_hf(weights: dict, ours: str, theirs: str, config) -> dict:
     return out
 
 
-def _rope_scaling(rope: dict, where: str) -> dict:
+def _rope_scaling(rope: ConfigJson, where: str) -> dict:
     """Our model values for a Hugging Face rope config: plain, or llama3 with megatron-core's
     bands (anything else refused by name)."""
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind in ("default", None):
+    kind = rope_type(rope)
+    if kind == "default":
         return {}
     if kind != "llama3":
-        raise UserError(f"{where}: rope type {kind!r} is not built by the llama family (plain "
-                        "RoPE, or llama3's frequency scaling)")
+        raise UserError(f"{where}: config.json's rope type {kind!r} is not built by the llama "
+                        "family (plain RoPE, or llama3's frequency scaling)")
     for key, value in LLAMA3_BANDS.items():
-        if key in rope and float(rope[key]) != value:
-            raise UserError(f"{where}: rope {key} {rope[key]}: megatron-core's llama3 scaling "
-                            f"has {value} (only the factor is a setting)")
-    return {"use_rope_scaling": True, "rope_scaling_factor": float(rope.get("factor", 8.0))}
+        if rope.number(key, value) != value:
+            raise UserError(f"{where}: config.json's rope {key} {rope.values[key]}: "
+                            f"megatron-core's llama3 scaling has {value} (only the factor is a "
+                            "setting)")
+    return {"use_rope_scaling": True, "rope_scaling_factor": rope.number("factor", 8.0, ge=1)}
 
 
 class LlamaHF:
@@ -195,40 +201,95 @@ class LlamaHF:
         return {"model": self._model(hf, where)}
 
     def _model(self, hf: dict, where: str) -> dict:
+        config = ConfigJson(hf, where)
         for key, (bad, ours) in UNSUPPORTED.items():
-            if hf.get(key) == bad:
-                raise UserError(f"{where}: {key} {bad} is not built by the llama family ({ours})")
+            if config.boolean(key, False) == bad:
+                raise UserError(f"{where}: config.json's {key} {bad} is not built by the llama "
+                                f"family ({ours})")
         if hf.get("sliding_window") is not None:
-            raise UserError(f"{where}: sliding_window {hf['sliding_window']}: the llama family's "
-                            "attention is full causal attention (a Mistral or Mixtral without "
-                            "a sliding window imports)")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise UserError(f"{where}: hidden_act {hf['hidden_act']!r}: the llama family's MLP "
-                            "is SwiGLU (silu)")
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        scaling = _rope_scaling(rope, where)
-        try:
-            heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
-            experts = int(hf["num_local_experts"]) if hf.get("num_local_experts") else None
-            moe = {"num_experts": experts, "moe_router_topk": int(hf["num_experts_per_tok"]),
-                   "moe_aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.0))} \
-                if experts else {}
-            return {
-                "num_layers": int(hf["num_hidden_layers"]), "hidden_size": hidden,
-                "ffn_hidden_size": int(hf["intermediate_size"]), "num_attention_heads": heads,
-                "num_query_groups": int(hf.get("num_key_value_heads") or heads),
-                "kv_channels": int(hf.get("head_dim") or hidden // heads),
-                "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
-                "rotary_base": int(float(rope.get("rope_theta",
-                                                  hf.get("rope_theta", 10000.0)))),
-                "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
-                "init_method_std": float(hf.get("initializer_range", 0.02)),
-                "untie_embeddings_and_output_weights": not tied(hf),
-                **scaling, **moe,
-            }
-        except (KeyError, TypeError, ValueError) as error:
-            raise UserError(f"{where}: not a complete LLaMA-family config "
-                            f"({type(error).__name__}: {error})") from None
+            raise UserError(f"{where}: config.json's sliding_window {hf['sliding_window']}: the "
+                            "llama family's attention is full causal attention (a Mistral or "
+                            "Mixtral without a sliding window imports)")
+        if config.word("hidden_act", "silu") != "silu":
+            raise UserError(f"{where}: config.json's hidden_act {hf['hidden_act']!r}: the llama "
+                            "family's MLP is SwiGLU (silu)")
+        rope = rope_table(config)
+        hidden = config.integer("hidden_size", le=MAX_WIDTH)
+        heads = config.integer("num_attention_heads", le=MAX_HEADS)
+        groups = config.integer("num_key_value_heads", heads, le=heads)
+        config.dividing("num_key_value_heads", groups, "num_attention_heads", heads)
+        if hf.get("head_dim") is None and hidden < heads:
+            config.fail("num_attention_heads", f"more heads than hidden_size {hidden}, and no "
+                        "head_dim")
+        model = {
+            "num_layers": config.integer("num_hidden_layers", le=MAX_LAYERS),
+            "hidden_size": hidden, "num_attention_heads": heads, "num_query_groups": groups,
+            "ffn_hidden_size": config.integer("intermediate_size", le=MAX_WIDTH),
+            # transformers' own rule: head_dim, else hidden_size // num_attention_heads
+            "kv_channels": config.integer("head_dim", hidden // heads, le=MAX_WIDTH),
+            "max_position_embeddings": config.integer("max_position_embeddings", 2048,
+                                                      le=MAX_SEQUENCE),
+            "rotary_base": rope_theta(config, rope),
+            "norm_epsilon": config.number("rms_norm_eps", 1e-6, gt=0),
+            "init_method_std": config.number("initializer_range", 0.02, gt=0),
+            "padded_vocab_size": config.integer("vocab_size"),  # the embedding's rows: checked
+            "untie_embeddings_and_output_weights": not config.boolean("tie_word_embeddings"),
+            **_rope_scaling(rope, where),
+        }
+        if _is_mixtral(hf):  # transformers' MixtralConfig defaults
+            experts = config.integer("num_local_experts", 8, ge=2, le=MAX_EXPERTS)
+            top_k = config.integer("num_experts_per_tok", 2, le=experts)
+            if top_k == 1:  # megatron-core's TransformerConfig refuses it
+                config.fail("num_experts_per_tok", "megatron-core builds top-1 routing only "
+                            "with the softmax before the top-k, whose gates are not Mixtral's "
+                            "(1.0)")
+            model.update(num_experts=experts, moe_router_topk=top_k,
+                         moe_aux_loss_coeff=config.number("router_aux_loss_coef", 0.0, ge=0))
+        return model
+
+    def expected_weights(self, sections: dict, hf: dict) -> Iterator[tuple[str, Expected]]:
+        """Every tensor transformers' class holds for this config, with its shape and the
+        fields of config.json that make it (lazily: `checked_hf.check_weights` stops early)."""
+        m = sections["model"]
+        hidden, ffn, d = m["hidden_size"], m["ffn_hidden_size"], m["kv_channels"]
+        heads, groups, vocab = m["num_attention_heads"], m["num_query_groups"], \
+            m["padded_vocab_size"]
+        h = f"hidden_size {hidden}"
+        width = f"head_dim {d}" if hf.get("head_dim") is not None else \
+            f"head_dim {d} (hidden_size // num_attention_heads)"
+        q, kv = f"num_attention_heads {heads} x {width}", f"num_key_value_heads {groups} x {width}"
+        f = f"intermediate_size {ffn}"
+        yield "model.embed_tokens.weight", Expected((vocab, hidden), f"vocab_size {vocab}, {h}")
+        yield "model.norm.weight", Expected((hidden,), h)
+        if m["untie_embeddings_and_output_weights"]:
+            yield "lm_head.weight", Expected((vocab, hidden), f"vocab_size {vocab}, {h}")
+        for layer in range(m["num_layers"]):
+            at = f"model.layers.{layer}."
+            attention = at + "self_attn."
+            yield from {attention + "q_proj.weight": Expected((heads * d, hidden), f"{q}, {h}"),
+                        attention + "k_proj.weight": Expected((groups * d, hidden), f"{kv}, {h}"),
+                        attention + "v_proj.weight": Expected((groups * d, hidden), f"{kv}, {h}"),
+                        attention + "o_proj.weight": Expected((hidden, heads * d), f"{h}, {q}"),
+                        at + "input_layernorm.weight": Expected((hidden,), h),
+                        at + "post_attention_layernorm.weight": Expected((hidden,), h)}.items()
+            if not m.get("num_experts"):
+                yield from {at + "mlp.gate_proj.weight": Expected((ffn, hidden), f"{f}, {h}"),
+                            at + "mlp.up_proj.weight": Expected((ffn, hidden), f"{f}, {h}"),
+                            at + "mlp.down_proj.weight": Expected((hidden, ffn), f"{h}, {f}")
+                            }.items()
+                continue
+            experts = m["num_experts"]
+            yield at + "block_sparse_moe.gate.weight", Expected(
+                (experts, hidden), f"num_local_experts {experts}, {h}")
+            for expert in range(experts):
+                mine = f"{at}block_sparse_moe.experts.{expert}."
+                yield from {mine + "w1.weight": Expected((ffn, hidden), f"{f}, {h}"),
+                            mine + "w3.weight": Expected((ffn, hidden), f"{f}, {h}"),
+                            mine + "w2.weight": Expected((hidden, ffn), f"{h}, {f}")}.items()
+
+def _is_mixtral(hf: dict) -> bool:
+    return hf.get("model_type") == "mixtral" or \
+        "MixtralForCausalLM" in (hf.get("architectures") or [])
 
 
 LLAMA_HF = LlamaHF()

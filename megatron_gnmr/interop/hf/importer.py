@@ -2,9 +2,11 @@
 checkpoint that `--finetune --load OUT_DIR` (and `--lora`) and `evaluate` accept, in any
 layout (a torch_dist checkpoint, resharded on load).
 
-The model settings are read from config.json (a setting the llama family cannot build is
-refused by name); the weights from safetensors only (a `pytorch_model.bin` is a pickle, which
-could run code: refused), each tensor's shape checked against the config; the tokenizer
+The model settings are read from config.json (a setting the family cannot build is refused
+by name); the weights from safetensors only (a `pytorch_model.bin` is a pickle, which could
+run code: refused; `directory.py`); every field read is checked against its range and every
+tensor on disk against the shape those fields give it, both ways (the family mapping's
+`expected_weights`, `model_families/checked_hf.py`), before anything is written; the tokenizer
 (tokenizer.json: a Hugging Face tokenizer; tokenizer.model alone: SentencePiece) travels into
 OUT_DIR/tokenizer, and its vocabulary must fit the embedding. OUT_DIR holds the checkpoint
 (`iter_0000000`), `config.json` (a run's, so evaluate reads it) and `model.yaml`, the model
@@ -19,63 +21,29 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
 import yaml
 
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.interop.hf.directory import read_hf
 from megatron_gnmr.model_families import family_reading
+from megatron_gnmr.model_families.checked_hf import check_weights
 from megatron_gnmr.model_families.tied_hf import check_tied_weights
 
 
 
-def read_hf(hf_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json, weights) of a Hugging Face model directory, data only."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def read_tokenizer(hf_dir: Path):
+    """The tokenizer built as a run will build it, from the files where they are (an error
+    names them): (type, the files that travel with it, its model's name, the tokenizer)."""
+    from megatron_gnmr.data.tokenizers import GPTSentencePiece, HuggingFace
 
-    where = f"import-hf {hf_dir}"
-    if not (hf_dir / "config.json").is_file():
-        raise UserError(f"{where}: no config.json (not a transformers model directory)")
-    try:
-        hf = json.loads((hf_dir / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UserError(f"{where}: config.json is not JSON ({error})") from None
-    family_reading(hf, where)
-    index = hf_dir / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) \
-        if index.is_file() else ["model.safetensors"]
-    if not all((hf_dir / name).is_file() for name in files):
-        if (hf_dir / "pytorch_model.bin").is_file():
-            raise UserError(f"{where}: the weights are pytorch_model.bin, a pickle that could "
-                            "run code when read; save the model with safetensors "
-                            "(save_pretrained(..., safe_serialization=True))")
-        raise UserError(f"{where}: no model.safetensors (or the files its index names)")
-    weights = {}
-    for name in files:
-        try:
-            weights.update(load_file(str(hf_dir / name)))
-        except (SafetensorError, OSError) as error:
-            raise UserError(f"{where}: {name} is not a safetensors file ({error})") from None
-    return hf, weights
-
-
-def read_tokenizer(hf_dir: Path, out: Path):
-    """Copy the tokenizer into `out` and build it as a run will: (type, model path, it)."""
-    from megatron_gnmr.data.tokenizers import build_tokenizer
-
-    out.mkdir(parents=True)
     if (hf_dir / "tokenizer.json").is_file():
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            if (hf_dir / name).is_file():
-                shutil.copyfile(hf_dir / name, out / name)
-        kind, model = "HuggingFaceTokenizer", out
-    elif (hf_dir / "tokenizer.model").is_file():
-        shutil.copyfile(hf_dir / "tokenizer.model", out / "tokenizer.model")
-        kind, model = "GPTSentencePieceTokenizer", out / "tokenizer.model"
-    else:
-        raise UserError(f"import-hf {hf_dir}: no tokenizer.json or tokenizer.model (the "
-                        "tokenizer travels with the model)")
-    return kind, model, build_tokenizer(kind, str(model))
+        names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+        return HuggingFace.kind, names, "", HuggingFace(hf_dir, flag="import-hf")
+    if (hf_dir / "tokenizer.model").is_file():
+        return GPTSentencePiece.kind, ("tokenizer.model",), "tokenizer.model", \
+            GPTSentencePiece(hf_dir / "tokenizer.model", flag="import-hf")
+    raise UserError(f"import-hf {hf_dir}: no tokenizer.json or tokenizer.model (the "
+                    "tokenizer travels with the model)")
 
 
 def _check_shapes(ours: dict, live: dict, where: str) -> None:
@@ -101,39 +69,49 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
         raise UserError(f"{where}: not a directory")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"import-hf: {out} exists and is not empty; give a new directory")
-    hf, weights = read_hf(source)
+    hf, weights, files = read_hf(source)
     family = family_reading(hf, where)
     sections = family.hf.sections(hf, where)
     check_tied_weights(weights, hf, where)
     unused = family.hf.unused_weights(weights, hf)
+    check_weights(family.hf.expected_weights(sections, hf), weights, files, where,
+                  sections["model"]["num_layers"], unused)
     if unused:
         print(f"import-hf: left out {len(unused)} weights transformers' "
               f"{type(family.hf).__name__.removesuffix('HF')} does not use either "
               f"({unused[0]}, ...)")
         weights = {k: v for k, v in weights.items() if k not in unused}
+    kind, tokenizer_files, tokenizer_model, tokenizer = read_tokenizer(source)
+    rows = weights["model.embed_tokens.weight"].shape[0]  # checked: config.json's vocab_size
+    if tokenizer.vocab_size > rows:
+        raise UserError(f"{where}: the tokenizer ({', '.join(p.name for p in tokenizer.files)}) "
+                        f"has {tokenizer.vocab_size} tokens, config.json's vocab_size (the "
+                        f"embedding's rows) {rows}; they do not belong together")
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    (partial / "tokenizer").mkdir(parents=True)
     try:
-        kind, tokenizer_model, tokenizer = read_tokenizer(source, partial / "tokenizer")
-        rows = weights["model.embed_tokens.weight"].shape[0] \
-            if "model.embed_tokens.weight" in weights else None
-        if rows is None:
-            raise UserError(f"{where}: no model.embed_tokens.weight")
-        if tokenizer.vocab_size > rows:
-            raise UserError(f"{where}: the tokenizer has {tokenizer.vocab_size} tokens, the "
-                            f"embedding {rows} rows; they do not belong together")
-        final_tokenizer = out / "tokenizer" / Path(tokenizer_model).relative_to(
-            partial / "tokenizer")
+        for name in tokenizer_files:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, partial / "tokenizer" / name)
+        final_tokenizer = out / "tokenizer" / tokenizer_model
         model = sections["model"]
         sections["model"] = {"model_family": family.name, **model, "padded_vocab_size": rows,
                              "seq_length": min(model["max_position_embeddings"], 4096)}
         sections["data"] = {"tokenizer_type": kind, "tokenizer_model": str(final_tokenizer)}
-        config = RunConfig.from_dict(sections)
+        try:  # the checks above are meant to leave nothing for these to refuse
+            config = RunConfig.from_dict(sections)
+        except ValueError as error:
+            raise UserError(f"{where}: config.json makes a model our config refuses "
+                            f"({error})") from None
         config.checkpoint.ckpt_format = "torch_dist"
         distributed.initialize(config)
         try:
-            model = build_model(config, tokenizer.vocab_size, for_training=False)
+            try:
+                model = build_model(config, tokenizer.vocab_size, for_training=False)
+            except ValueError as error:  # megatron-core's TransformerConfig checks
+                raise UserError(f"{where}: config.json makes a model megatron-core does not "
+                                f"build ({error})") from None
             live = unwrap(model[0]).state_dict()
             ours = family.hf.from_hf(weights, config)
             _check_shapes(ours, live, where)
