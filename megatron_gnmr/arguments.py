@@ -157,16 +157,20 @@ def _load_yaml(path: str) -> dict[str, dict]:
     return values
 
 
-def parse_config(argv: list[str] | None = None) -> RunConfig:
+def parse_config(argv: list[str] | None = None, world_size: int | None = None,
+                 announce: bool = True) -> RunConfig:
     """Parse flags (ours and Megatron-LM's, `interop/megatron_flags.py`; and the YAML they
-    name) into a validated RunConfig."""
-    import sys
-
+    name) into a validated RunConfig. A flag left out means what it means in Megatron-LM
+    (`interop/megatron_defaults.py`): the global batch is one micro-batch per data-parallel
+    rank of a launch of `world_size` processes (default: this launch's). With `announce`, the
+    logging rank says once where this run's absent flags differ from Megatron-LM's."""
+    from megatron_gnmr.config import launch_world_size
     from megatron_gnmr.interop.megatron_flags import check_family, translate
 
     parser = build_parser()
     ours = frozenset(name for action in parser._actions for name in action.option_strings)
-    translation = translate(list(sys.argv[1:] if argv is None else argv), ours)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    translation = translate(argv, ours)
     namespace = vars(parser.parse_args(translation.argv))
     values = _load_yaml(namespace.pop("config")) if namespace.get("config") else {}
     namespace.pop("config", None)
@@ -175,6 +179,7 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
         values.setdefault(section, {})[name] = value
     if values.get("checkpoint", {}).get("use_checkpoint_args"):
         _from_the_checkpoint(values)
+    _global_batch(values, launch_world_size() if world_size is None else world_size)
     sections = {}
     for section, cls in SECTIONS.items():
         try:
@@ -183,7 +188,40 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
             raise UserError(_name_the_flag(str(error))) from None
     config = RunConfig(**sections)
     check_family(translation, config.model.model_family)
+    if announce:
+        given = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+        _say_once(config, given | {flag_name(section, name) for section, fields in
+                                   values.items() for name in fields})
     return config
+
+
+def _global_batch(values: dict[str, dict], world_size: int) -> None:
+    """Megatron-LM's --global-batch-size when absent: --micro-batch-size x the data-parallel
+    size of the launch."""
+    training, parallel = values.setdefault("training", {}), values.get("parallel", {})
+    if training.get("global_batch_size") is not None:
+        return
+    defaults = {f.name: f.default for section in ("parallel", "training")
+                for f in dataclasses.fields(SECTIONS[section])}
+    model_parallel = 1
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        size = parallel.get(name, defaults[name])
+        model_parallel *= size if isinstance(size, int) and size >= 1 else 1
+    micro = training.get("micro_batch_size", defaults["micro_batch_size"])
+    if isinstance(micro, int) and micro >= 1:
+        training["global_batch_size"] = micro * max(1, world_size // model_parallel)
+
+
+def _say_once(config: RunConfig, given: set[str]) -> None:
+    """The start notice, from the logging rank only (`interop/start_notice.py`)."""
+    import os
+
+    from megatron_gnmr.interop.start_notice import start_notices
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    for line in start_notices(config, given):
+        print(f"notice: {line}", file=sys.stderr)
 
 
 # Megatron-LM's --use-checkpoint-args: the sections that describe the model's shape

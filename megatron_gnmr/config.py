@@ -50,8 +50,9 @@ class ModelConfig:
     """Decoder layers."""
     hidden_size: int = limit(128, ge=1, le=MAX_WIDTH)
     """Model width d_model."""
-    ffn_hidden_size: int = limit(352, ge=1, le=MAX_WIDTH)
-    """SwiGLU inner width (LLaMA uses ~8/3 * hidden, rounded)."""
+    ffn_hidden_size: Optional[int] = limit(None, ge=1, le=MAX_WIDTH)
+    """SwiGLU inner width (None: Megatron-LM's SwiGLU default, 8/3 x --hidden-size rounded
+    down to a multiple of 64)."""
     num_attention_heads: int = limit(4, ge=1, le=MAX_HEADS)
     """Query heads."""
     num_query_groups: Optional[int] = limit(None, ge=1, le=MAX_HEADS)
@@ -97,8 +98,8 @@ class ModelConfig:
     """MoE: experts per layer (megatron-core MoE layers, local experts); None: dense SwiGLU."""
     moe_router_topk: int = limit(2, ge=1)
     """MoE: experts per token."""
-    moe_aux_loss_coeff: float = limit(1e-2, ge=0)
-    """MoE: load-balancing loss weight (0: no auxiliary loss)."""
+    moe_aux_loss_coeff: float = limit(0.0, ge=0)
+    """MoE: load-balancing loss weight (0, Megatron-LM's default: no auxiliary loss)."""
     moe_ffn_hidden_size: Optional[int] = limit(None, ge=1, le=MAX_WIDTH)
     """MoE: each routed expert's inner width (None: --ffn-hidden-size). Fine-grained experts
     (DeepSeek) are narrower than a dense FFN."""
@@ -138,6 +139,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "model")
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = swiglu_ffn_hidden_size(self.hidden_size)
 
 
 @dataclass
@@ -163,6 +166,10 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     """Gather updated parameter shards during the next forward (needs
     --use-distributed-optimizer and --overlap-grad-reduce). --gnmr: unchanged."""
+    distributed_backend: str = limit("nccl", choices=("nccl", "gloo"))
+    """Megatron-LM's collectives backend: nccl runs NCCL on GPUs and gloo where there is none
+    (a CPU run; said once at its start); gloo on a GPU machine is refused (megatron-gnmr's GPU
+    collectives are NCCL's)."""
 
     def __post_init__(self) -> None:
         check_limits(self, "parallel")
@@ -174,21 +181,21 @@ class ParallelConfig:
 class TrainingConfig:
     micro_batch_size: int = limit(4, ge=1)
     """Sequences per micro-batch per data-parallel rank."""
-    global_batch_size: int = limit(8, ge=1)
-    """Sequences per optimizer step over all data-parallel ranks (gradient accumulation)."""
+    global_batch_size: Optional[int] = limit(None, ge=1)
+    """Sequences per optimizer step over all data-parallel ranks (gradient accumulation;
+    None: --micro-batch-size x the data-parallel size, Megatron-LM's default)."""
     train_iters: Optional[int] = limit(None, ge=1)
     """Optimizer steps (default 100 unless --train-samples gives them)."""
     train_samples: Optional[int] = limit(None, ge=1)
     """Megatron's sample-based length: train on this many samples (train_iters = samples //
     global batch), the LR schedule then counted in samples (--lr-*-samples)."""
     lr: float = limit(3e-3, ge=0)
-    """Peak learning rate."""
-    min_lr: float = limit(3e-4, ge=0)
-    """Learning rate at the end of the decay."""
-    lr_decay_style: str = limit("cosine", choices=LR_DECAY_STYLES)
-    """Megatron's LR decay after warm-up: constant, linear, cosine, inverse-square-root or WSD
-    (warm-up, stable, then decay over --lr-wsd-decay-iters). Our default cosine
-    (Megatron-LM's: linear)."""
+    """Peak learning rate (Megatron-LM has no default: give it)."""
+    min_lr: float = limit(0.0, ge=0)
+    """Learning rate at the end of the decay (Megatron-LM's default 0)."""
+    lr_decay_style: str = limit("linear", choices=LR_DECAY_STYLES)
+    """Megatron's LR decay after warm-up: constant, linear (Megatron-LM's default), cosine,
+    inverse-square-root or WSD (warm-up, stable, then decay over --lr-wsd-decay-iters)."""
     lr_decay_iters: Optional[int] = limit(None, ge=1)
     """Iterations to decay over (default: --train-iters)."""
     lr_decay_samples: Optional[int] = limit(None, ge=1)
@@ -207,8 +214,8 @@ class TrainingConfig:
     """WSD: iterations of its final decay."""
     lr_wsd_decay_samples: Optional[int] = limit(None, ge=1)
     """WSD: samples of its final decay, with --train-samples."""
-    weight_decay: float = limit(0.1, ge=0)
-    """AdamW decoupled weight decay."""
+    weight_decay: float = limit(0.01, ge=0)
+    """AdamW decoupled weight decay (Megatron-LM's default 0.01; LLaMA trains with 0.1)."""
     start_weight_decay: Optional[float] = limit(None, ge=0)
     """Weight decay at the start (default --weight-decay), with --weight-decay-incr-style."""
     end_weight_decay: Optional[float] = limit(None, ge=0)
@@ -217,8 +224,8 @@ class TrainingConfig:
     """How weight decay goes from --start-weight-decay to --end-weight-decay."""
     adam_beta1: float = limit(0.9, ge=0, lt=1)
     """AdamW beta1."""
-    adam_beta2: float = limit(0.95, ge=0, lt=1)
-    """AdamW beta2."""
+    adam_beta2: float = limit(0.999, ge=0, lt=1)
+    """AdamW beta2 (Megatron-LM's default 0.999; LLaMA trains with 0.95)."""
     adam_eps: float = limit(1e-8, gt=0)
     """AdamW epsilon."""
     decoupled_lr: Optional[float] = limit(None, ge=0)
@@ -241,12 +248,12 @@ class TrainingConfig:
     use_cpu_initialization: bool = False
     """GPU: draw the full weights on the CPU and split them (every TP layout then starts from
     the same model; slow for large models). Always on when there is no GPU."""
-    log_interval: int = limit(10, ge=1)
-    """Print and log metrics every N steps."""
+    log_interval: int = limit(100, ge=1)
+    """Print and log metrics every N steps (Megatron-LM's default 100)."""
     eval_interval: int = limit(50, ge=1)
-    """Validation every N steps (and at the end)."""
-    eval_iters: int = limit(4, ge=1)
-    """Validation batches per evaluation."""
+    """Validation every N steps (and at the end; Megatron-LM has no default: give it)."""
+    eval_iters: int = limit(100, ge=1)
+    """Validation batches per evaluation (Megatron-LM's default 100)."""
     distributed_timeout_minutes: int = limit(10, ge=1)
     """A collective that waits longer than this (a rank died or hangs) fails the run."""
     stop_on_divergence: bool = False
@@ -295,6 +302,11 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         check_limits(self, "training")
+        if self.global_batch_size is not None:
+            self.settle_length()
+
+    def settle_length(self) -> None:
+        """train_iters from --train-samples (or the default), once the global batch is known."""
         if self.train_samples is not None:
             iters = self.train_samples // self.global_batch_size
             if self.train_iters not in (None, iters):
@@ -408,9 +420,28 @@ class RunConfig:
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
 
     def __post_init__(self) -> None:
+        t, p = self.training, self.parallel
+        if t.global_batch_size is None:  # Megatron-LM's: one micro-batch per data-parallel rank
+            model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+            t.global_batch_size = t.micro_batch_size * max(1, launch_world_size() //
+                                                           model_parallel)
+            t.settle_length()
         c = self.checkpoint
         if c.ckpt_format is None:  # LoRA's checkpoints (adapters, merge-lora) are per-rank
             c.ckpt_format = "torch" if self.lora.enabled else "torch_dist"
+        self._refuse_what_moe_cannot_do()
+
+    def _refuse_what_moe_cannot_do(self) -> None:
+        """MoE's combinations that cannot run, refused while the flags are parsed (before
+        megatron-core is imported, let alone a model built)."""
+        if not self.model.num_experts:
+            return
+        if self.lora.enabled:
+            raise UserError("--lora with --num-experts is not supported yet (LoRA adapts dense "
+                            "models only): drop --lora, or fine-tune the MoE model in full")
+        if self.parallel.tensor_model_parallel_size > 1 and not self.parallel.sequence_parallel:
+            raise UserError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
+                            "(megatron-core requires it): add --sequence-parallel")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -425,6 +456,17 @@ class RunConfig:
             for name, value in (fields or {}).items() if isinstance(fields, dict) else ():
                 sections.setdefault(moved_section(section, name), {})[name] = value
         return cls(**{name: hints[name](**sections[name]) for name in hints if name in sections})
+
+
+def swiglu_ffn_hidden_size(hidden_size: int) -> int:
+    """Megatron-LM's --ffn-hidden-size when absent with --swiglu (both our families): 4 x
+    hidden x 2/3, rounded down to a multiple of 64 (`validate_args`, core_v0.16.1)."""
+    width = int((4 * hidden_size * 2 / 3) / 64) * 64
+    if width < 1:
+        raise UserError(f"--ffn-hidden-size: Megatron-LM's default for --hidden-size "
+                        f"{hidden_size} (8/3 x hidden rounded down to a multiple of 64) is 0; "
+                        "give --ffn-hidden-size")
+    return width
 
 
 def launch_world_size() -> int:

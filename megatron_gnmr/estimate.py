@@ -27,7 +27,7 @@ def run(args) -> None:
 
     if args.world_size < 1:
         raise UserError(f"--world-size must be >= 1, got {args.world_size}")
-    config = parse_config(args.flags)
+    config = parse_config(args.flags, world_size=args.world_size)
     validate_model(config)
     validate_layout(config, args.world_size)
     validate_scale_features(config)

@@ -67,6 +67,12 @@ def validate_layout(config: RunConfig, world_size: int) -> None:
         raise UserError(
             f"the launch has {world_size} processes, not a multiple of TP x PP = {tp * pp}; "
             "change --nproc_per_node or the parallel sizes")
+    if p.distributed_backend == "gloo":
+        from megatron_gnmr.platform.device import has_accelerator
+
+        if has_accelerator():
+            raise UserError("--distributed-backend gloo: megatron-gnmr's collectives on GPUs are "
+                            "NCCL's; give nccl (or leave the flag out)")
     dp = world_size // (tp * pp)
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise UserError(
@@ -183,9 +189,6 @@ def validate_moe(config: RunConfig, world_size: int) -> None:
     if m.moe_first_dense_layers >= m.num_layers:
         raise UserError(f"--moe-first-dense-layers {m.moe_first_dense_layers} must be below "
                         f"--num-layers {m.num_layers} (at least one MoE layer)")
-    if p.tensor_model_parallel_size != 1 and not p.sequence_parallel:
-        raise UserError("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel "
-                        "(megatron-core requires it)")
     if (world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)) % ep:
         raise UserError(f"--expert-model-parallel-size {ep} must divide the data-parallel size")
     from megatron_gnmr.precision.backends import BACKENDS, backend
@@ -279,8 +282,6 @@ def validate_lora(config: RunConfig) -> None:
     from megatron_gnmr.lora.adapters import check_dim, check_rank, check_targets, lora_targets
     from megatron_gnmr.precision.backends import backend as precision_backend
 
-    if config.model.num_experts:
-        raise UserError("--lora with --num-experts is not supported yet (dense models only)")
     if precision_backend(config.precision).transformer_engine_layers:
         raise UserError(f"--lora with --precision-recipe {config.precision.precision_recipe} "
                         "is not supported yet: TE fuses "

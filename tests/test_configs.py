@@ -58,7 +58,7 @@ def test_a_checkpoint_key_under_training_is_still_read_with_a_notice(tmp_path, c
     config = parse_config(["--config", str(old), "--save", str(tmp_path / "run")])
     assert config.checkpoint.save_interval == 7 and config.checkpoint.resume == "auto"
     assert config.training.lr == 0.002
-    notices = [line for line in capsys.readouterr().err.splitlines() if "notice" in line]
+    notices = [line for line in capsys.readouterr().err.splitlines() if "is read as" in line]
     assert len(notices) == 2 and "training.save_interval is read as checkpoint.save_interval" \
         in notices[0]
     before = RunConfig.from_dict({"training": {"save": "/runs/x", "lr": 0.5}})

@@ -61,8 +61,9 @@ class DataConfig:
     """Train/valid/test split weights of the documents (Megatron-LM's default 969,30,1)."""
     mmap_bin_files: bool = True
     """Memory-map the .bin files (--no-mmap-bin-files reads them with file reads)."""
-    num_workers: int = limit(0, ge=0, le=64)
-    """Threads that read the next step's samples while this step trains (0: read in turn)."""
+    num_workers: int = limit(2, ge=0, le=64)
+    """Threads that read the next step's samples while this step trains (0: read in turn;
+    Megatron-LM's default 2). The samples and their order do not depend on it."""
 
     def __post_init__(self) -> None:
         check_limits(self, "data")

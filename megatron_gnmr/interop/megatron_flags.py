@@ -17,6 +17,7 @@ megatron-flags` prints the table (docs/guide/from-megatron-lm.md holds the expli
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -97,28 +98,28 @@ RULES: dict[str, Rule] = {
     "--apply-layernorm-1p": same("zero-centred gamma: each RMSNorm stores gamma - 1"),
     "--kv-channels": same("each head's width (llama)"),
     "--max-position-embeddings": same("the longest sequence the RoPE tables cover (>= "
+                                      "--seq-length; Megatron-LM requires it, absent here: "
                                       "--seq-length)"),
-    "--attention-dropout": same("our default 0 (Megatron-LM's 0.1; LLaMA trains with 0)"),
-    "--hidden-dropout": same("our default 0 (Megatron-LM's 0.1; LLaMA trains with 0)"),
+    "--attention-dropout": same("dropout on the attention probabilities"),
+    "--hidden-dropout": same("dropout on the residual branches"),
     "--make-vocab-size-divisible-by": same("the embedding padded to a multiple of it x TP"),
     "--num-query-groups": same("sets the key/value heads; Megatron-LM reads it only with "
                                "--group-query-attention, megatron-gnmr always"),
     "--use-mcore-models": nothing("deprecated in Megatron-LM: megatron-core models are the "
                                   "only ones there and here"),
-    "--transformer-impl": same("local: megatron-core's local layers (our default; "
-                               "Megatron-LM's is transformer_engine); transformer_engine: "
+    "--transformer-impl": same("local: megatron-core's local layers; transformer_engine: "
                                "Transformer Engine's (BF16, or FP8 with --fp8-format)"),
     "--rotary-seq-len-interpolation-factor": refused("RoPE position interpolation is not "
                                                      "built; drop it"),
-    "--use-rope-scaling": refused("Llama 3.1's RoPE frequency scaling is not built; drop it "
-                                  "(trains with plain RoPE)"),
-    "--rope-scaling-factor": refused("Llama 3.1's RoPE frequency scaling is not built; drop it"),
+    "--use-rope-scaling": same("Llama 3.1's RoPE frequency scaling (megatron-core's: the low "
+                               "frequencies slowed by --rope-scaling-factor, Llama 3's bands; "
+                               "llama family)"),
+    "--rope-scaling-factor": same("--use-rope-scaling's factor (Llama 3.1: 8, Llama 3.2: 32)"),
     # --- the optimizer and the schedule ---------------------------------------------------
     "--optimizer": refused("megatron-gnmr trains with Adam(W) only; drop it or give adam",
                            unless=_is("adam")),
     "--train-samples": same("sample-based length; the schedule counts samples"),
-    "--lr-decay-style": same("megatron-core's OptimizerParamScheduler; our default cosine "
-                             "(Megatron-LM's linear)"),
+    "--lr-decay-style": same("megatron-core's OptimizerParamScheduler"),
     "--lr-warmup-init": same(), "--lr-decay-iters": same(), "--lr-decay-samples": same(),
     "--lr-warmup-iters": same(), "--lr-warmup-samples": same(),
     "--lr-warmup-fraction": same(), "--lr-wsd-decay-style": same(),
@@ -187,7 +188,7 @@ RULES: dict[str, Rule] = {
     "--data-path": same("one prefix, weight-prefix pairs, or prefixes weighted by size"),
     "--train-data-path": same(), "--valid-data-path": same(), "--test-data-path": same(),
     "--data-args-path": same(), "--per-split-data-args-path": same(),
-    "--split": same("our default 95,5,0 (Megatron-LM's 969,30,1)"),
+    "--split": same("train, valid and test weights of the documents"),
     "--mock-data": same(), "--data-cache-path": same(), "--tokenizer-type": same(),
     "--tokenizer-model": same(), "--vocab-file": same(), "--merge-file": same(),
     "--vocab-size": same("NullTokenizer's vocabulary (and prepare-data's BPE)"),
@@ -275,11 +276,18 @@ def inventory() -> dict[str, dict]:
 
 
 def rule_of(flag: str, our_flags: frozenset[str]) -> Rule | None:
-    """The flag's class (None: not a Megatron-LM flag)."""
-    if flag in RULES:
-        return RULES[flag]
-    if flag in our_flags:
-        return same()
+    """The flag's class (None: not a Megatron-LM flag); a flag that works and whose default
+    here is not Megatron-LM's says so (`megatron_defaults.DIFFERENCES`)."""
+    from megatron_gnmr.interop.megatron_defaults import difference_note
+
+    rule = RULES.get(flag) or (same() if flag in our_flags else None)
+    if rule is not None:
+        differs = difference_note(flag)
+        if differs:
+            return dataclasses.replace(rule, note=f"{rule.note}; {differs}")
+        if rule.kind == "works" and rule.note == same().note:
+            return dataclasses.replace(rule, note=f"{rule.note} and Megatron-LM's default")
+        return rule
     if flag in inventory():
         return refused("a Megatron-LM feature megatron-gnmr does not have; drop it")
     return None

@@ -62,8 +62,9 @@ class MLAConfig:
     q_lora_rank: Optional[int] = limit(None, ge=1)
     """MLA: the query latent's width (None: queries straight from d_model, as V2-Lite;
     DeepSeek-V3: 1536)."""
-    kv_lora_rank: int = limit(512, ge=1)
-    """MLA: the key/value latent's width, what a KV cache holds per token."""
+    kv_lora_rank: int = limit(32, ge=1)
+    """MLA: the key/value latent's width, what a KV cache holds per token (Megatron-LM's
+    default 32; DeepSeek-V3: 512)."""
     qk_head_dim: int = limit(128, ge=1)
     """MLA: each head's query/key content width."""
     qk_pos_emb_head_dim: int = limit(64, ge=2)

@@ -69,6 +69,13 @@ class JsonlLogger:
         self.file.close()
 
 
+# --log-throughput, --log-num-zeros-in-grad and --log-params-norm, labelled and formatted as
+# Megatron-LM's progress line prints them (`training_log`, core_v0.16.1)
+MEGATRON_LM_STATS = (("train/tflops_per_device", "throughput per GPU (TFLOP/s/GPU)", ".1f"),
+                     ("train/num_zeros_in_grad", "num zeros", ".0f"),
+                     ("train/params_norm", "params norm", ".3f"))
+
+
 class ConsoleLogger:
     """One line per logged step: step/total, loss, lr, grad norm, tokens/s, step time, ETA."""
 
@@ -98,6 +105,8 @@ class ConsoleLogger:
             ]
             if "gnmr/recovery_size" in metrics:
                 parts.append(f"recovery {metrics['gnmr/recovery_size']}")
+            parts += [f"{label}: {metrics[key]:{spec}}" for key, label, spec in MEGATRON_LM_STATS
+                      if metrics.get(key) is not None]
             print(self.prefix + " | ".join(parts), file=self.stream, flush=True)
         if "valid/loss" in metrics:
             print(f"{self.prefix}validation at step {step}: loss {metrics['valid/loss']:.4f} "
@@ -114,6 +123,29 @@ class ConsoleLogger:
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class EveryNSteps:
+    """A logger that takes a training step's metrics (a record with `train/loss`) every
+    `interval` steps and at the last step, and everything else (validation, monitors, events)
+    as it comes: the console and metrics.jsonl follow --log-interval, TensorBoard and W&B
+    --tensorboard-log-interval, as in Megatron-LM."""
+
+    def __init__(self, logger, interval: int, last_step: int):
+        self.logger, self.interval, self.last_step = logger, interval, last_step
+
+    def log(self, step: int, metrics: dict) -> None:
+        if "train/loss" not in metrics or step % self.interval == 0 or step == self.last_step:
+            self.logger.log(step, metrics)
+
+    def image(self, step: int, key: str, figure) -> None:
+        self.logger.image(step, key, figure)
+
+    def event(self, step: int, kind: str, payload: dict) -> None:
+        self.logger.event(step, kind, payload)
+
+    def close(self) -> None:
+        self.logger.close()
 
 
 class MultiLogger:
@@ -142,26 +174,34 @@ def build_loggers(config, run_dir: str | None, rank: int, resume_step: int = 0):
     one fails to start, the ones already started are closed before the error goes on."""
     logging = config.logging
     total = config.training.train_iters
+
+    def every_log_interval(logger):
+        return EveryNSteps(logger, config.training.log_interval, total)
+
+    def every_tensorboard_interval(logger):
+        return EveryNSteps(logger, logging.tensorboard_log_interval, total)
+
     if rank != 0:
-        return ConsoleLogger(total, prefix=f"[rank {rank}] ") if logging.log_all_ranks \
-            else NullLogger()
-    loggers: list = [ConsoleLogger(total)]
+        return every_log_interval(ConsoleLogger(total, prefix=f"[rank {rank}] ")) \
+            if logging.log_all_ranks else NullLogger()
+    loggers: list = [every_log_interval(ConsoleLogger(total))]
     try:
         if run_dir:
-            loggers.append(JsonlLogger(Path(run_dir) / "metrics.jsonl", resume_step))
+            loggers.append(every_log_interval(JsonlLogger(Path(run_dir) / "metrics.jsonl",
+                                                          resume_step)))
         if logging.wandb_project and logging.wandb_mode != "disabled":
             from megatron_gnmr.observe.wandb_logger import WandbLogger
 
-            loggers.append(WandbLogger(Path(run_dir), config.to_dict(), logging.wandb_project,
-                                       logging.wandb_exp_name, logging.wandb_entity,
-                                       logging.wandb_mode, logging.wandb_group))
+            loggers.append(every_tensorboard_interval(WandbLogger(
+                Path(run_dir), config.to_dict(), logging.wandb_project, logging.wandb_exp_name,
+                logging.wandb_entity, logging.wandb_mode, logging.wandb_group)))
         if logging.tensorboard_dir:
             from megatron_gnmr.observe.tensorboard_logger import TensorBoardLogger
 
             from megatron_gnmr.observe.dashboard import tensorboard_layout
 
-            loggers.append(TensorBoardLogger(Path(logging.tensorboard_dir),
-                                             tensorboard_layout(config.to_dict())))
+            loggers.append(every_tensorboard_interval(TensorBoardLogger(
+                Path(logging.tensorboard_dir), tensorboard_layout(config.to_dict()))))
     except BaseException:
         MultiLogger(loggers).close()
         raise

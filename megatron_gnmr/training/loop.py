@@ -366,8 +366,7 @@ class Trainer:
                 metrics["train/tflops_per_device"] = self.flops_per_step / elapsed / \
                     torch.distributed.get_world_size() / 1e12
             self.state.last_loss = metrics["train/loss"]
-            if step % t.log_interval == 0 or step == t.train_iters:
-                self.logger.log(step, metrics)
+            self.logger.log(step, metrics)  # each logger keeps its interval (build_loggers)
             self._log_timeline_image(step)
             if step % t.eval_interval == 0 or step == t.train_iters:
                 result = self.evaluate()

@@ -64,6 +64,8 @@ def resume_settings(config, dataset: str, vocab_size: int, world_size: int) -> d
     """{flag: value} of everything a resume of this run must keep (JSON values)."""
     settings = {"launch processes": world_size, "dataset": dataset, "vocab size": vocab_size}
     for section, names in CONTRACT.items():
+        if section == "mla" and config.model.model_family != "deepseek-mla":
+            continue  # another family's widths build nothing here (their defaults may move)
         values = getattr(config, section)
         for name in names or [f.name for f in dataclasses.fields(values)]:
             settings[flag_name(section, name)] = getattr(values, name)
