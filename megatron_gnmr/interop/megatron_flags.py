@@ -162,8 +162,8 @@ RULES: dict[str, Rule] = {
     "--no-persist-layer-norm": nothing(PERFORMANCE),
     "--no-gradient-accumulation-fusion": same(),
     "--attention-backend": same("flash, fused, unfused: Transformer Engine's kernels with "
-                                "its layers; with local layers megatron's own attention runs, "
-                                "as in Megatron-LM (a notice says so)"),
+                                "its layers; with local layers torch's SDPA runs (megatron's "
+                                "own attention for local and unfused; a notice says so)"),
     "--use-flash-attn": same(),
     "--recompute-activations": becomes("--recompute-granularity selective",
                                        lambda v: ["--recompute-granularity", "selective"]),
