@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
     from megatron_gnmr.training import distributed, run_directory
     from megatron_gnmr.training.consensus import on_every_rank
     from megatron_gnmr.training.loop import Trainer
-    from megatron_gnmr.training.run_lock import RunLock
+    from megatron_gnmr.checkpoints.run_lock import RunLock
 
     end_with_the_agent()
     distributed.initialize(config)

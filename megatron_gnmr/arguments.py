@@ -231,7 +231,7 @@ MODEL_SECTIONS = ("model", "mla")
 def _from_the_checkpoint(values: dict[str, dict]) -> None:
     """--use-checkpoint-args: every model setting --load's checkpoint recorded, unless given
     (YAML or flag); one given that disagrees with it is refused, naming both."""
-    from megatron_gnmr.training.checkpoint_choice import recorded_settings
+    from megatron_gnmr.checkpoints.choice import recorded_settings
 
     checkpoint = values["checkpoint"]
     load = checkpoint.get("load")

@@ -12,14 +12,13 @@ from megatron_gnmr.errors import exits_cleanly_on_user_error
 
 def build_parser():
     """The command-line parser with every subcommand (a subparser each, named as typed)."""
+    from megatron_gnmr import calibrate, estimate
     from megatron_gnmr.arguments import OneLineErrorParser
     from megatron_gnmr.controller import replay
-    from megatron_gnmr import estimate
     from megatron_gnmr.data import prepare
     from megatron_gnmr.evaluation import command as evaluate
     from megatron_gnmr.experiments import (
         alarm_comparison,
-        calibrate_command,
         closed_loop,
         detection,
         frontier,
@@ -57,12 +56,13 @@ def build_parser():
                                        "frontier"),
         ("dashboard", dashboard, "the W&B workspace for a run's keys (or its offline spec)"),
         ("estimate-memory", estimate, "memory per GPU of a layout, before launching it"),
-        ("calibrate", calibrate_command, "the units to keep in BF16, as Megatron's precision config"),
+        ("calibrate", calibrate, "the units to keep in BF16, as Megatron's precision config"),
         ("evaluate", evaluate, "held-out perplexity, cloze accuracy and retention of a run"),
         ("merge-lora", merge_lora, "a LoRA run's adapters merged into its base's weights"),
         ("megatron-flags", flag_table, "how each Megatron-LM flag is read here"),
         ("export-hf", export_hf, "a run as a Hugging Face transformers model directory"),
-        ("import-hf", import_hf, "a Hugging Face LLaMA as a checkpoint to fine-tune"),
+        ("import-hf", import_hf, "a Hugging Face model (Llama, Mistral, Mixtral, DeepSeek-V3) "
+                                 "as a checkpoint to fine-tune"),
     ):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False)
         module.add_arguments(sub)

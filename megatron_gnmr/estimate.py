@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
 def run(args) -> None:
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.errors import UserError
-    from megatron_gnmr.training import checkpoint_size
+    from megatron_gnmr.checkpoints import size as checkpoint_size
     from megatron_gnmr.training.memory_estimate import estimate
     from megatron_gnmr.validation import validate_layout, validate_model, validate_scale_features
 

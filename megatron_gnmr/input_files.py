@@ -80,7 +80,7 @@ def check_load(load: str | None) -> None:
     if not path.is_dir():
         raise UserError(f"--load {load}: is a file; give a run directory (--save of a run) or "
                         "one of its checkpoints/iter_* directories")
-    from megatron_gnmr.training.torch_dist import files as dist_files
+    from megatron_gnmr.checkpoints.torch_dist import files as dist_files
 
     is_run = (path / "checkpoints").is_dir() or (path / dist_files.TRACKER).is_file() or \
         any(dist_files.is_complete(p) for p in path.glob("iter_*"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from megatron_gnmr import input_files
+from megatron_gnmr.checkpoints.formats import checkpoint_format
 from megatron_gnmr.config import RunConfig, flag_name
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.monitors.detectors import DETECTORS
@@ -310,7 +311,7 @@ def validate_run(config: RunConfig) -> None:
                         " it needs --save and contradicts --resume auto")
     # the format's default is LoRA's choice (RunConfig): checked here, across the sections
     if (t.async_save or t.ckpt_fully_parallel_load or t.dist_ckpt_optim_fully_reshardable) and \
-            t.ckpt_format != "torch_dist":
+            not checkpoint_format(t.ckpt_format).sharded_save:
         flag = next(f for f, on in (("--async-save", t.async_save),
                                     ("--ckpt-fully-parallel-load", t.ckpt_fully_parallel_load),
                                     ("--dist-ckpt-optim-fully-reshardable",

@@ -5,7 +5,7 @@ form: bytes per checkpoint, the seconds the training loop stood still for a save
 snapshot and the writer's fork, the polls while it is written and the finalize that publishes
 it), the seconds until it was published (`seconds`), the load's seconds
 (the `resumed` event of a resume after a stop at step 3), and the host memory per rank a save
-and a load need by `estimate-memory`'s count (training/checkpoint_size.py). The save measured
+and a load need by `estimate-memory`'s count (checkpoints/size.py). The save measured
 is an interval save (step 2 of 4), not the run's last, which is always synchronous.
 
     .venv/bin/python scripts/bench_checkpoint.py [--size 8x512|16x1024|24x1536] [--repeats 3]
@@ -67,7 +67,7 @@ def measure(form: str, root: Path, model: list[str]) -> dict:
 
 def host_bytes(model: list[str]) -> dict:
     from megatron_gnmr.arguments import parse_config
-    from megatron_gnmr.training.checkpoint_size import host_bytes_per_rank
+    from megatron_gnmr.checkpoints.size import host_bytes_per_rank
 
     return host_bytes_per_rank(parse_config([*model, "--ckpt-format", "torch_dist"]), 2)
 

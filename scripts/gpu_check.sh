@@ -14,4 +14,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 .venv/bin/megatron-gnmr prepare-data
-exec .venv/bin/python -m megatron_gnmr.experiments.gpu_check "$@"
+exec .venv/bin/python -m megatron_gnmr.gpu_check.check "$@"

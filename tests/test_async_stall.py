@@ -12,7 +12,7 @@ import json
 import os
 import time
 
-from megatron_gnmr.training.torch_dist import files
+from megatron_gnmr.checkpoints.torch_dist import files
 from tests.helpers import TINY, pretrain_in_process, read_jsonl
 
 RUN = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "1", "--train-iters", "6",

@@ -105,16 +105,16 @@ def test_a_gpu_checkpoint_resumed_on_the_cpu_continues_with_rederived_rng(tmp_pa
     were set into the CPU generator ('Expected a CPUGeneratorImplState of size 5056 but found
     the input RNG state size to be 16'). The run now continues, says the streams were
     re-derived, and (no dropout here) follows the uninterrupted run."""
-    from megatron_gnmr.training import checkpoint
-    from megatron_gnmr.training.torch_dist import content
+    from megatron_gnmr.checkpoints import rng
+    from megatron_gnmr.checkpoints.torch_dist import content
 
     flags = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "1",
              "--ckpt-format", ckpt_format]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert pretrain_in_process([*flags, "--train-iters", "6", "--save", str(whole)]) == 0
     with monkeypatch.context() as patch:
-        gpu_like = _as_if_saved_on_a_gpu(checkpoint.rng_state)
-        patch.setattr(checkpoint, "rng_state", gpu_like)
+        gpu_like = _as_if_saved_on_a_gpu(rng.rng_state)
+        patch.setattr(rng, "rng_state", gpu_like)
         patch.setattr(content, "rng_state", gpu_like)
         assert pretrain_in_process([*flags, "--train-iters", "6", "--exit-interval", "3",
                                     "--save-interval", "3", "--save", str(parts)]) == 0
@@ -136,7 +136,7 @@ def test_rederived_streams_keep_megatrons_rule_across_tensor_parallel_ranks(monk
     from megatron.core.tensor_parallel import random as megatron_random
 
     from megatron_gnmr.platform.cpu_patches import apply_cpu_patches
-    from megatron_gnmr.training import checkpoint
+    from megatron_gnmr.checkpoints import rng
 
     apply_cpu_patches()
     streams = {}
@@ -148,10 +148,10 @@ def test_rederived_streams_keep_megatrons_rule_across_tensor_parallel_ranks(monk
         monkeypatch.setattr(megatron_random, "get_tensor_model_parallel_rank", lambda: tp_rank)
         monkeypatch.setattr(torch.distributed, "get_rank",
                             lambda *a, **k: 2 * pipeline_rank + tp_rank)
-        checkpoint.rederive_rng(seed=7, step=300)
+        rng.rederive_rng(seed=7, step=300)
         tracker = tensor_parallel.get_cuda_rng_tracker().get_states()
         streams[tp_rank] = (torch.get_rng_state(), tracker["model-parallel-rng"])
     assert torch.equal(streams[0][0], streams[1][0])  # the default generator: equal
     assert not torch.equal(streams[0][1], streams[1][1])  # the tracker: per TP rank
-    checkpoint.rederive_rng(seed=7, step=300)
+    rng.rederive_rng(seed=7, step=300)
     assert torch.equal(torch.get_rng_state(), streams[1][0])  # the same resume, the same

@@ -123,26 +123,26 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
 
 
 def test_latest_outside_the_run_is_ignored_and_pruning_parses_steps(tmp_path):
-    from megatron_gnmr.training import checkpoint
+    from megatron_gnmr.checkpoints import per_rank
 
     root = tmp_path / "checkpoints"
     for step in (8, 15, 100, 10000000):
         (root / f"iter_{step:07d}").mkdir(parents=True)
         (root / f"iter_{step:07d}" / "meta.json").write_text("{}")
     (root / "latest").write_text("../../../etc")
-    assert checkpoint.latest_checkpoint(str(tmp_path)) is None
+    assert per_rank.latest_checkpoint(str(tmp_path)) is None
     (root / "latest").write_text("iter_0000015")
-    assert checkpoint.latest_checkpoint(str(tmp_path)) == root / "iter_0000015"
-    checkpoint._prune_older(root, step=15, keep_last=2)  # keep 15 and the newest older one
+    assert per_rank.latest_checkpoint(str(tmp_path)) == root / "iter_0000015"
+    per_rank._prune_older(root, step=15, keep_last=2)  # keep 15 and the newest older one
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == \
         ["iter_0000008", "iter_0000015", "iter_0000100", "iter_10000000"]
-    checkpoint._prune_older(root, step=100, keep_last=2)
+    per_rank._prune_older(root, step=100, keep_last=2)
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == \
         ["iter_0000015", "iter_0000100", "iter_10000000"]
 
 
 def test_checkpoint_state_is_plain_data():
-    from megatron_gnmr.training.safe_state import from_plain, to_plain
+    from megatron_gnmr.checkpoints.safe_state import from_plain, to_plain
 
     state = {"numpy": ("MT19937", np.arange(5, dtype=np.uint32), 3, 0, 0.5),
              "counts": np.int64(7), "firing": {("attention", 1)}, "none": None}

@@ -98,7 +98,7 @@ def _rewrite_byte_item(directory: Path, payload) -> str:
     torch.save'd into the .distcp files) with a same-length pickle of `payload`."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from megatron_gnmr.training.torch_dist.data_only import read_index
+    from megatron_gnmr.checkpoints.torch_dist.data_only import read_index
 
     with open(directory / ".metadata", "rb") as stream:
         index = read_index(stream)

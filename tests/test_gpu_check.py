@@ -10,14 +10,15 @@ import sys
 import pytest
 import torch
 
-from megatron_gnmr.experiments import gpu_check, gpu_check_speed
-from megatron_gnmr.experiments.gpu_check_arms import CompiledLayers, Stepper, WorkTimer
-from megatron_gnmr.experiments.gpu_check_recovery import (CHECKS, SwitchingArm,
-                                                         checked_unit_names, recovery_rows)
-from megatron_gnmr.experiments.gpu_check_replay import (bitwise_equal, difference,
-                                                       no_weight_cache, parameters_set, replay)
-from megatron_gnmr.experiments.gpu_check_table import (CANNOT_RUN, FAIL, INFO, PASS, info,
-                                                      judged, render, rows_or_cannot_run)
+from megatron_gnmr.gpu_check import check as gpu_check
+from megatron_gnmr.gpu_check import speed as gpu_check_speed
+from megatron_gnmr.gpu_check.arms import CompiledLayers, Stepper, WorkTimer
+from megatron_gnmr.gpu_check.recovery import (CHECKS, SwitchingArm, checked_unit_names,
+                                              recovery_rows)
+from megatron_gnmr.gpu_check.replay import (bitwise_equal, difference, no_weight_cache,
+                                            parameters_set, replay)
+from megatron_gnmr.gpu_check.table import (CANNOT_RUN, FAIL, INFO, PASS, info, judged, render,
+                                           rows_or_cannot_run)
 from tests.helpers import LAUNCH_TIMEOUT_S, REPO
 
 
@@ -30,7 +31,7 @@ def _table_rows(table: str) -> list[list[str]]:
 
 def test_gpu_check_smoke_runs_every_part_and_fails_loudly_on_what_cannot_run(tmp_path):
     out = tmp_path / "gpu_check.md"
-    result = subprocess.run([sys.executable, "-m", "megatron_gnmr.experiments.gpu_check",
+    result = subprocess.run([sys.executable, "-m", "megatron_gnmr.gpu_check.check",
                              "--smoke", "--out", str(out)], cwd=REPO, capture_output=True,
                             text=True, timeout=LAUNCH_TIMEOUT_S, env={"OMP_NUM_THREADS": "1",
                                                          "PATH": "/usr/bin:/bin"})
@@ -349,7 +350,7 @@ def test_compiled_layers_can_run_eager_for_a_while():
 
 
 def test_the_compile_row_counts_what_happened_during_the_group():
-    from megatron_gnmr.experiments.gpu_check_groups import _compile_summary
+    from megatron_gnmr.gpu_check.groups import _compile_summary
 
     cast = "Unexpected type\n  Explanation: SourcelessBuilder.create does not know CastConfig\n"
     before = (10, {cast: 2, "warn": 4})

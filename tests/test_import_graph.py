@@ -17,9 +17,10 @@ LAYERS = [
     {"monitors", "observe"},
     {"config"},
     {"model"},
+    {"checkpoints"},
     {"training"},
     {"arguments", "input_files", "validation", "experiments", "estimate", "evaluation",
-     "interop", "flag_table"},
+     "interop", "flag_table", "calibrate", "gpu_check"},
     {"cli"},
 ]
 __doc__ += "\n".join(f"{rank}: {', '.join(sorted(names))}" for rank, names in enumerate(LAYERS))

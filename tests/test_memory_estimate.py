@@ -5,13 +5,16 @@ import pytest
 import torch
 
 from megatron_gnmr.arguments import parse_config
-from megatron_gnmr.training.checkpoint_size import checkpoint_bytes
+from megatron_gnmr.checkpoints.size import checkpoint_bytes
 from megatron_gnmr.training.memory_estimate import estimate
 from tests.helpers import TINY, pretrain_in_process
 
 MODEL = [*TINY, "--hidden-size", "256", "--ffn-hidden-size", "704", "--seq-length", "256",
          "--micro-batch-size", "4", "--global-batch-size", "4", "--train-iters", "4",
-         "--lr-warmup-iters", "1"]
+         "--lr-warmup-iters", "1",
+         # megatron's unfused attention, whose saves (the score matrices) the formula counts
+         # and selective recompute drops; torch's SDPA saves no score matrix to drop
+         "--attention-backend", "local"]
 RECOMPUTE = {"none": [], "selective": ["--recompute-granularity", "selective"],
              "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
                       "--recompute-num-layers", "1"]}
@@ -112,7 +115,7 @@ def test_the_checkpoint_size_is_what_a_run_writes(tmp_path, ckpt_format):
     """A run's checkpoint on disk against the estimate: the tensors' bytes plus metadata
     (the run's own state, the index, per-tensor headers: under 2% here, where 3.1 M
     parameters make a 36 MiB checkpoint). A world of one (the DP factor of the torch format
-    is the arithmetic of `checkpoint_size.py`; 684 vs 342 MiB at DP 2 in
+    is the arithmetic of `checkpoints/size.py`; 684 vs 342 MiB at DP 2 in
     scripts/bench_checkpoint.py)."""
     run = tmp_path / "run"
     flags = [*MODEL, "--train-iters", "2", "--save-interval", "2", "--eval-interval", "100",

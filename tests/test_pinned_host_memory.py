@@ -9,7 +9,7 @@ stages is one a GPU run holds on the device)."""
 import pytest
 
 from megatron_gnmr.arguments import parse_config
-from megatron_gnmr.training.checkpoint_size import checkpoint_bytes, host_bytes_per_rank
+from megatron_gnmr.checkpoints.size import checkpoint_bytes, host_bytes_per_rank
 from megatron_gnmr.training.memory_estimate import estimate
 from tests.helpers import TINY, pretrain_in_process
 

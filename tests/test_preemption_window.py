@@ -19,7 +19,7 @@ import pytest
 from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 
 from megatron_gnmr.training.loop import Trainer
-from megatron_gnmr.training.torch_dist import files
+from megatron_gnmr.checkpoints.torch_dist import files
 from tests.helpers import TINY, pretrain_in_process, read_jsonl, train_losses
 
 RUN = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "1", "--keep-last", "3"]

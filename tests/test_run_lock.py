@@ -12,7 +12,7 @@ import time
 import pytest
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.training import run_lock
+from megatron_gnmr.checkpoints import run_lock
 
 LOST = {"host": "node-that-was-lost", "pid": 12345, "job": "4242", "attempt": 0,
         "started": "2026-12-05 10:00:00"}

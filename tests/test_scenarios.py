@@ -29,8 +29,8 @@ def test_every_scenario_is_listed():
                            "attention_ladder", "combined_faults",
                            "deepseek_hierarchy", "frontier_act_quant", "frontier_nvfp4_noise",
                            "frontier_w3a3", "frontier_w4a4", "frontier_w8a2", "lora_int8",
-                           "lr_edge", "risk_signals_act_quant", "risk_signals_deepseek",
-                           "router_fault"]
+                           "lr_edge", "lr_edge_pilot", "risk_signals_act_quant",
+                           "risk_signals_deepseek", "router_fault"]
 
 
 def test_the_lora_scenario_is_valid_runs_from_one_base():

@@ -108,7 +108,7 @@ def test_a_checkpoint_carrying_te_pickles_resumes_without_unpickling_them(
     """A checkpoint whose files hold TE's pickled extra state (written as TE 2.9 and the
     earlier code write it, or crafted) is read with the pickle left unread."""
     from megatron_gnmr.training import resume
-    from megatron_gnmr.training.torch_dist import te_extra_state
+    from megatron_gnmr.checkpoints.torch_dist import te_extra_state
 
     parts = tmp_path / "parts"
     with monkeypatch.context() as as_before:
@@ -124,7 +124,7 @@ def test_a_checkpoint_carrying_te_pickles_resumes_without_unpickling_them(
 def test_the_fake_is_te_unpickling():
     """The tripwire fires through the fake's `set_extra_state` as through TE 2.9's (so the
     tests above would see an unpickling), and TE's empty marker passes untouched."""
-    from megatron_gnmr.training.torch_dist.te_extra_state import no_fp8_state
+    from megatron_gnmr.checkpoints.torch_dist.te_extra_state import no_fp8_state
 
     UNPICKLED.clear()
     _set_extra_state(None, no_fp8_state())

@@ -1,5 +1,5 @@
 """Which units to keep in high precision: the ranking and the budget rules behind
-`megatron-gnmr calibrate RUN_DIR` (the command: `experiments/calibrate_command.py`).
+`megatron-gnmr calibrate RUN_DIR` (the command: `megatron_gnmr/calibrate.py`).
 
 From a run traced with `--gnmr-measure` (loss_cost, oracle or qerr), every unit's damage is
 its mean measured damage of the low path over the traced steps: the first-order loss cost of

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from megatron_gnmr.checkpoints import per_rank
+from megatron_gnmr.checkpoints.choice import choose, newest_format
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.controller.units import UnitShape, local_unit_modules
 from megatron_gnmr.data.datasets import DataSource, build_datasets, resolve_data, tokenizer_of
@@ -21,8 +23,6 @@ from megatron_gnmr.model import bind_precision, build_model
 from megatron_gnmr.platform.device import run_device
 from megatron_gnmr.precision.plan import PrecisionPlan
 from megatron_gnmr.precision.kept_high import kept_high
-from megatron_gnmr.training import checkpoint
-from megatron_gnmr.training.checkpoint_choice import choose, newest_format
 from megatron_gnmr.training.finetune import (
     is_adapter_key,
     load_adapters,
@@ -140,7 +140,8 @@ def load_run(run_dir: str, exact: bool = False, data_path: list[str] | None = No
     directory = Path(run_dir)
     config = run_config(directory)
     p = config.parallel
-    if newest_format(str(directory)) == "torch_dist" and \
+    newest = newest_format(str(directory))
+    if newest is not None and newest.reshards and \
             int(os.environ.get("WORLD_SIZE", "1")) % p.tensor_model_parallel_size:
         unsplit(config)  # resharded on load: a launch too small for the layout reads it whole
     if p.pipeline_model_parallel_size > 1:
@@ -153,15 +154,15 @@ def load_run(run_dir: str, exact: bool = False, data_path: list[str] | None = No
                          always=kept_high(config.precision, shape.names()))
     bind_precision(local_unit_modules(model, shape), config, plan)
     choice = choose(str(directory))
-    if choice.format == "torch_dist":  # resharded to this launch, whatever its size
-        from megatron_gnmr.training.torch_dist import files, run
+    if choice.format.reshards:  # resharded to this launch, whatever its size
+        from megatron_gnmr.checkpoints.torch_dist import run
 
-        _check_recorded_shape(run_dir, config, files.read_manifest(choice.directory))
+        _check_recorded_shape(run_dir, config, choice.format.record(choice.directory))
         run.load_model_weights(model, choice.directory, f"evaluate {run_dir}")
         for chunk in model:
             chunk.eval()
         return LoadedRun(directory, config, model, data, None)
-    meta = checkpoint.read_meta(choice.directory)
+    meta = per_rank.read_meta(choice.directory)
     if meta.get("world_size") != torch.distributed.get_world_size():
         raise UserError(f"evaluate {run_dir}: its checkpoint was written by "
                         f"{meta.get('world_size')} processes; launch the evaluation with as many "
@@ -192,20 +193,20 @@ def _check_recorded_shape(run_dir: str, config: RunConfig, meta: dict) -> None:
 
 
 def _load_weights(model, directory: Path, meta: dict) -> Path | None:
-    shard = checkpoint.load_shard(directory)
+    shard = per_rank.load_shard(directory)
     if "lora" not in meta:
         for chunk, state in zip(model, shard["model"], strict=True):
             load_model_state(chunk, state)
         return None
     base = recorded_base(meta["lora"], f"evaluate {directory}")
-    if choose(str(base)).format == "torch_dist":  # every rank checks its share of the files
-        from megatron_gnmr.training.torch_dist import run
+    if choose(str(base)).format.reshards:  # every rank checks its share of the files
+        from megatron_gnmr.checkpoints.torch_dist import run
 
         run.load_model_weights(model, base, f"the base {base}", not_in_checkpoint=is_adapter_key)
         for chunk, adapters in zip(model, shard["model"], strict=True):
             load_adapters(chunk, adapters, f"evaluate {directory}")
         return base.parent  # <run>/iter_*
-    base_shard = checkpoint.load_shard(base)  # hash-checked by `choose` above
+    base_shard = per_rank.load_shard(base)  # hash-checked by `choose` above
     for chunk, state, adapters in zip(model, base_shard["model"], shard["model"], strict=True):
         load_weights(chunk, state, f"the base {base}")
         load_adapters(chunk, adapters, f"evaluate {directory}")

@@ -116,7 +116,7 @@ def _static_share(config: dict) -> float | None:
 def replayed_rules(trace, run_dir: Path) -> dict:
     """Each run-time rule replayed on an all-low trace at FLOP budgets: oracle capture and
     the FLOP share it would spend (max_o 8, lock 5, warm-up 16)."""
-    from megatron_gnmr.experiments.calibrate_command import flop_shares
+    from megatron_gnmr.calibrate import flop_shares
     from megatron_gnmr.controller.config import GNMRConfig
     from megatron_gnmr.controller.replay import replay
 

@@ -5,7 +5,7 @@ switch between (the recipe, for the path-routed linears; None for a backend that
 by its own means, as TE does), what it checks up front, which megatron `TransformerConfig`
 fields it sets, whether the qerr/oracle probes can measure its low path, and whether it runs
 MoE models. Adding a backend is one file (its recipe or spec) and one entry here; checks ask
-a backend for these capabilities instead of naming it (`experiments/gpu_check.py` names the
+a backend for these capabilities instead of naming it (`gpu_check/check.py` names the
 backends it exercises on a GPU).
 """
 

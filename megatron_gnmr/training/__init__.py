@@ -1,1 +1,2 @@
-"""Training: process groups, the loop, optimizer and checkpoints."""
+"""Training: process groups, the loop, the optimizer, and the trainer's side of its checkpoints
+(`resume.py`; the formats and their files are `checkpoints/`)."""

@@ -4,13 +4,12 @@ model-parallel groups, and every random generator seeded from one `--seed`."""
 from __future__ import annotations
 
 import os
-import random
 from datetime import timedelta
 
-import numpy as np
 import torch
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import parallel_state
 
+from megatron_gnmr.checkpoints.rng import set_seeds  # the run's streams live with their saving
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.platform import apply_cpu_patches, device, megatron_compat
 
@@ -52,26 +51,6 @@ def _restart_safe_store():
         timeout=timedelta(minutes=10))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return torch.distributed.PrefixStore(f"megatron_gnmr/attempt_{attempt}", store)
-
-
-PIPELINE_SEED_STRIDE = 100  # Megatron-LM's `_set_random_seed`: seed + 100 x pp_rank
-
-
-def stage_seed(seed: int) -> int:
-    """The seed of this rank's pipeline stage. The same on every TP and DP rank of a stage:
-    with CPU initialisation megatron draws full weights from it and splits them, so every TP
-    layout starts from the same model. Offset per stage as Megatron-LM does: stages without
-    the embedding would otherwise draw their layers from the same position of the same
-    stream, identical initial layers (PP >= 3)."""
-    return seed + PIPELINE_SEED_STRIDE * parallel_state.get_pipeline_model_parallel_rank()
-
-
-def set_seeds(seed: int) -> None:
-    seed = stage_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 def shutdown() -> None:

@@ -1,6 +1,6 @@
 """`--finetune --load BASE_RUN`: the base's model weights, and nothing else of it.
 
-The base checkpoint is chosen and hash-checked like any checkpoint (`checkpoint.py`), then
+The base checkpoint is chosen and hash-checked like any checkpoint (`checkpoints/choice.py`), then
 only its model state is read: no optimizer, scheduler, RNG, step or controller state. Its
 identity (path and the sha256 of its meta.json, which records every shard's sha256) goes
 into the fine-tune's settings, so a fine-tune's checkpoints name their base and a resume
@@ -19,8 +19,11 @@ from pathlib import Path
 
 import torch
 
+from megatron_gnmr.checkpoints import per_rank
+from megatron_gnmr.checkpoints.choice import choose
+from megatron_gnmr.checkpoints.formats import TORCH_DIST, format_of
+from megatron_gnmr.checkpoints.torch_dist import run as dist_run
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.resume_contract import base_settings, recorded_as_default
 
@@ -34,10 +37,8 @@ def is_adapter_key(key: str) -> bool:
 def _description(directory: Path) -> Path:
     """The file that records every other file's sha256: meta.json (torch format) or the
     torch_dist manifest."""
-    from megatron_gnmr.training.torch_dist.files import MANIFEST
-
-    meta = Path(directory) / "meta.json"
-    return meta if meta.is_file() else Path(directory) / MANIFEST
+    fmt = format_of(directory) or TORCH_DIST
+    return Path(directory) / fmt.description
 
 
 def base_identity(directory: Path) -> dict:
@@ -79,20 +80,16 @@ def recorded_base(lora_meta: dict, who: str) -> Path:
 
 def load_base_weights(model_chunks, load: str, current_settings: dict) -> dict:
     """Collective: read the base's model weights into the chunks; returns its identity."""
-    from megatron_gnmr.training.checkpoint_choice import choose
-
     choice = choose(load)
-    if choice.format == "torch_dist":
-        from megatron_gnmr.training.torch_dist import files, run
-
-        manifest = files.read_manifest(choice.directory)
-        check_base_fits(choice.directory, manifest.get("settings"), current_settings,
+    if choice.format.reshards:
+        record = choice.format.record(choice.directory)
+        check_base_fits(choice.directory, record.get("settings"), current_settings,
                         reshardable=True)
-        on_every_rank(lambda: run.load_model_weights(
+        on_every_rank(lambda: dist_run.load_model_weights(
             model_chunks, choice.directory, f"--finetune --load {choice.directory}",
             not_in_checkpoint=is_adapter_key))
         return base_identity(choice.directory)
-    meta = checkpoint.read_meta(choice.directory)
+    meta = per_rank.read_meta(choice.directory)
     if "lora" in meta:
         raise UserError(f"--finetune --load {choice.directory}: that is a LoRA run's "
                         "checkpoint; merge its adapters into full weights first "
@@ -101,7 +98,7 @@ def load_base_weights(model_chunks, load: str, current_settings: dict) -> dict:
     check_base_fits(choice.directory, meta.get("settings"), current_settings)
 
     def apply() -> None:
-        shard = checkpoint.load_shard(choice.directory)
+        shard = per_rank.load_shard(choice.directory)
         for chunk, state in zip(model_chunks, shard["model"], strict=True):
             load_weights(chunk, state, f"--finetune --load {choice.directory}")
     on_every_rank(apply)

@@ -64,7 +64,7 @@ from megatron_gnmr.precision.unit_costs import RecoveredShare
 from megatron_gnmr.precision.kept_high import kept_high
 from megatron_gnmr.precision.probes import build_probes
 from megatron_gnmr.training import run_directory
-from megatron_gnmr.training.checkpoint_choice import checkpoint_steps
+from megatron_gnmr.checkpoints.choice import checkpoint_steps
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.exit_signals import ExitRequests

@@ -19,7 +19,7 @@ input, plus one layer's activations while it is recomputed. MoE layers multiply 
 terms by top-k. The last stage adds the fp32 logits of the vocab-parallel cross-entropy. With
 pipeline parallelism the first stage holds min(PP, micro-batches) micro-batches (1F1B).
 It is an estimate: allocator fragmentation, communication buffers and CUDA/NCCL workspaces
-(often 2-5 GiB) come on top. Host memory is `checkpoint_size.py`'s: what a torch_dist save and
+(often 2-5 GiB) come on top. Host memory is `checkpoints/size.py`'s: what a torch_dist save and
 load need, and the pinned part a GPU run holds from its first save to its end.
 """
 
@@ -28,8 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_gnmr.model_families import family_of
-
-GIB = 1024 ** 3
+from megatron_gnmr.model_families.parameter_count import GIB, parameters_per_rank
 
 
 @dataclass(frozen=True)
@@ -83,39 +82,6 @@ def estimate(config, world_size: int) -> MemoryEstimate:
         optimizer=optimizer_bytes * (dense * dense_share + experts * expert_share),
         activations=activations, activation_note=activation_note,
         recompute_peak=recompute_peak, note=note)
-
-
-def parameters_per_rank(config) -> tuple[int, int]:
-    """(dense, expert) parameters on the busiest pipeline stage of one rank."""
-    m, p = config.model, config.parallel
-    tp, pp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                  p.expert_model_parallel_size)
-    h, f = m.hidden_size, m.ffn_hidden_size
-    attention = sum(linear.in_features * linear.out_features
-                    for linear in family_of(config).attention_linears(config)) // tp
-    norms = 2 * h
-    layers = m.num_layers // pp
-    dense_mlp = 3 * h * f // tp
-    if m.num_experts:
-        shared = m.moe_shared_expert_intermediate_size or 0
-        moe_mlp = h * m.num_experts + 3 * h * shared // tp  # the router and the shared expert
-        experts = (m.num_experts // ep) * 3 * h * (m.moe_ffn_hidden_size or f) // tp
-    else:
-        moe_mlp, experts = dense_mlp, 0
-
-    def stage(first_layer: int) -> tuple[int, int]:
-        dense_layers = max(0, min(m.moe_first_dense_layers if m.num_experts else m.num_layers,
-                                  first_layer + layers) - first_layer)
-        moe_layers = layers - dense_layers
-        return (layers * (attention + norms) + dense_layers * dense_mlp
-                + moe_layers * (moe_mlp if m.num_experts else dense_mlp)), moe_layers * experts
-
-    vocab = config.data.vocab_size * h // tp
-    (first, first_experts), (last, last_experts) = stage(0), stage(m.num_layers - layers)
-    first += vocab + (vocab + h if pp == 1 else 0)
-    last += vocab + h
-    return (first, first_experts) if first + first_experts >= last + last_experts \
-        else (last, last_experts)
 
 
 def _activations(config, in_flight: int) -> tuple[float, str, float]:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
+from megatron_gnmr.checkpoints import per_rank
 from megatron_gnmr.config import RunConfig
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.lora.merge import merge_group
 from megatron_gnmr.model_families import row_parallel_linears
-from megatron_gnmr.training import checkpoint
 from megatron_gnmr.training.finetune import recorded_base
 
 
@@ -32,10 +32,10 @@ def merge_run(run_dir: str, out: str) -> Path:
         raise UserError(f"merge-lora --out {out}: "
                         f"{'is not empty' if target.is_dir() else 'is a file'}; the merged "
                         "run needs a new directory")
-    directory = checkpoint.newest_intact(run_dir)
+    directory = per_rank.newest_intact(run_dir)
     if directory is None:
         raise UserError(f"merge-lora {run_dir}: no complete checkpoint there")
-    meta = checkpoint.read_meta(directory)
+    meta = per_rank.read_meta(directory)
     lora = meta.get("lora")
     if not lora:
         raise UserError(f"merge-lora {run_dir}: {directory} is not a LoRA run's checkpoint")
@@ -55,15 +55,15 @@ def merge_run(run_dir: str, out: str) -> Path:
         path = _merge_over_resharded_base(run_dir, directory, meta, base_dir, config,
                                           merged_config, settings, out)
     else:
-        adapters = [checkpoint.read_shard(directory, rank)["model"][0] for rank in range(world)]
+        adapters = [per_rank.read_shard(directory, rank)["model"][0] for rank in range(world)]
         # an adapters-only fine-tune's weights are its base's
         bases = adapters if base_dir is None else \
-            [checkpoint.read_shard(base_dir, rank)["model"][0] for rank in range(world)]
+            [per_rank.read_shard(base_dir, rank)["model"][0] for rank in range(world)]
         merged = []
         for first in range(0, world, tp):
             group = slice(first, first + tp)
             merged.extend(merge_group(bases[group], adapters[group], scale, row_parallel))
-        path = checkpoint.write_checkpoint(out, meta["step"], [{"model": [m]} for m in merged],
+        path = per_rank.write_checkpoint(out, meta["step"], [{"model": [m]} for m in merged],
                                            {"settings": settings,
                                             "merged_from": str(directory)})
     if path is not None:  # the writing rank
@@ -80,6 +80,7 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
     (resharded on load, like any). Returns the checkpoint on rank 0, None elsewhere."""
     from megatron.core import parallel_state
 
+    from megatron_gnmr.checkpoints.torch_dist import run as dist_run
     from megatron_gnmr.config import launch_world_size
     from megatron_gnmr.data.datasets import tokenizer_of
     from megatron_gnmr.lora.merge import merge_shard
@@ -87,7 +88,7 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
     from megatron_gnmr.platform.device import run_device
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.finetune import is_adapter_key, load_adapters
-    from megatron_gnmr.training.torch_dist import run as dist_run
+    from megatron_gnmr.training.run_state import RunState
 
     if launch_world_size() != meta["world_size"]:
         raise UserError(f"merge-lora {run_dir}: its base is a torch_dist checkpoint, read into "
@@ -105,7 +106,7 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
         model = build_model(tuned, vocab, for_training=False)
         dist_run.load_model_weights(model, base_dir, f"the base {base_dir}",
                                     not_in_checkpoint=is_adapter_key)
-        load_adapters(model[0], checkpoint.load_shard(directory)["model"][0],
+        load_adapters(model[0], per_rank.load_shard(directory)["model"][0],
                       f"merge-lora {run_dir}")
         state = unwrap(model[0]).state_dict()
         group = [None] * parallel_state.get_tensor_model_parallel_world_size()
@@ -126,7 +127,7 @@ def _merge_over_resharded_base(run_dir: str, directory: Path, meta: dict, base_d
         unwrap(target[0]).load_state_dict(
             {**{k: v for k, v in live.items() if k.endswith("_extra_state")},
              **{k: v for k, v in merged.items() if not k.endswith("_extra_state")}})
-        path = dist_run.save_weights(target, out, settings, plain)
+        path = dist_run.save_weights(target, out, settings, plain, RunState().state_dict())
         return path if torch.distributed.get_rank() == 0 else None
     finally:
         distributed.shutdown()

@@ -1,12 +1,13 @@
 """A trainer's checkpoints: what goes into a shard, what a resume must match, and loading
-that every rank agrees on (`checkpoint.py` owns the files; this owns their content).
+that every rank agrees on (`checkpoints/` owns the files and the formats, which this asks;
+this owns the trainer's content).
 
 A shard holds the model chunks, optimizer, scheduler, RNG, run state, controller and
 monitor state. Transformer Engine's `_extra_state` entries are left out: TE pickles its FP8
 metadata into them and unpickles it on load, which would let a crafted checkpoint run code,
 and the current / block / MX scaling recipes (the only ones allowed here) keep no state there
 that a resume needs; on load every module is given TE's empty "no FP8 state" instead, whatever
-the shard holds, so no pickle is ever unpickled (`torch_dist/te_extra_state.py`).
+the shard holds, so no pickle is ever unpickled (`checkpoints/torch_dist/te_extra_state.py`).
 """
 
 from __future__ import annotations
@@ -18,18 +19,19 @@ from pathlib import Path
 
 import torch
 
+from megatron_gnmr.checkpoints import rng
+from megatron_gnmr.checkpoints.choice import Choice, choose, latest_step
+from megatron_gnmr.checkpoints.formats import checkpoint_format
+from megatron_gnmr.checkpoints.optimizer_state import load_optimizer_state, optimizer_state
+from megatron_gnmr.checkpoints.torch_dist import run as dist_run
+from megatron_gnmr.checkpoints.torch_dist import te_extra_state
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.platform import device_audit
-from megatron_gnmr.training import checkpoint
-from megatron_gnmr.training.checkpoint_choice import Choice, choose, latest_step
 from megatron_gnmr.training.consensus import on_every_rank
 from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.finetune import adapter_state, load_adapters
 from megatron_gnmr.training.lr_schedule import upgrade_state as upgrade_scheduler_state
-from megatron_gnmr.training.optimizer_state import load_optimizer_state, optimizer_state
 from megatron_gnmr.training.resume_contract import check_resume, resume_settings
-from megatron_gnmr.training.torch_dist import run as dist_run
-from megatron_gnmr.training.torch_dist import te_extra_state
 
 
 def model_state(chunk: torch.nn.Module) -> dict:
@@ -45,7 +47,7 @@ class RunCheckpoints:
         self.trainer = trainer
         self.async_saves = None
         if trainer.config.checkpoint.async_save:
-            from megatron_gnmr.training.torch_dist.async_save import AsyncSaves
+            from megatron_gnmr.checkpoints.torch_dist.async_save import AsyncSaves
 
             self.async_saves = AsyncSaves()
 
@@ -139,28 +141,33 @@ class RunCheckpoints:
                publish_first=None) -> Path | None:
         trainer = self.trainer
         trainer.controller.verify_agreement(step)
-        if trainer.config.checkpoint.ckpt_format == "torch_dist":
-            return dist_run.save(trainer, step, self.settings(), trainer.padded_vocab_size,
-                                 trainer.flops_per_step, trainer.faults, asynchronous,
-                                 published, publish_first)
+        fmt = checkpoint_format(trainer.config.checkpoint.ckpt_format)
+        return fmt.save(self, step, asynchronous, published, publish_first)
+
+    def per_rank_shard(self) -> dict:
+        """This rank's whole state, for a format that writes one file per rank."""
+        trainer = self.trainer
         state_of = adapter_state if self.adapters_only else model_state
         with trainer.overlap.whole_weights():
             models = [state_of(chunk) for chunk in trainer.model]
-        shard = {
+        return {
             "model": models,
             "optimizer": optimizer_state(trainer.optimizer),
             "scheduler": trainer.scheduler.state_dict(),
-            "rng": checkpoint.rng_state(),
+            "rng": rng.rng_state(),
             "run_state": trainer.state.state_dict(),
             "controller": trainer.controller.state_dict(),
             "monitors": trainer.monitors.state_dict(),
         }
+
+    def per_rank_meta(self) -> dict:
+        """What a per-rank checkpoint's meta.json records beside its shards."""
+        trainer = self.trainer
         meta = {"settings": self.settings()}
         if trainer.config.lora.enabled:  # what merge-lora needs; `base`: adapters-only
             meta["lora"] = {"base": trainer.base if self.adapters_only else None,
                             **trainer.config.to_dict()["lora"]}
-        return checkpoint.save_checkpoint(trainer.run_dir, step, shard, meta,
-                                          trainer.config.checkpoint.keep_last, trainer.faults)
+        return meta
 
     def keep(self) -> str:
         """Before stopping on bad gradients: make sure the last good state is on disk. The
@@ -179,23 +186,18 @@ class RunCheckpoints:
         """Collective: choose (every rank the same, either format), check the settings, read
         and apply on every rank with one agreement, then prove the controllers agree."""
         choice = choose(source, self.trainer.config.checkpoint.ckpt_step)
-        if choice.format == "torch_dist":
-            saved = dist_run.read_saved(choice.directory)
-            check_resume(choice.directory, saved.get("settings"), self.settings(),
-                         reshardable=True)
-            notes: list[str] = []
-            on_every_rank(lambda: notes.extend(self._apply_dist(choice.directory, saved)))
-            choice.warnings.extend(notes)
-        else:
-            meta = checkpoint.read_meta(choice.directory)
-            check_resume(choice.directory, meta.get("settings"), self.settings())
-            notes = []
-            on_every_rank(lambda: notes.extend(self._apply(choice.directory)))
-            choice.warnings.extend(notes)
+        fmt = choice.format
+        saved = fmt.read_saved(choice.directory)
+        check_resume(choice.directory, saved.get("settings"), self.settings(),
+                     reshardable=fmt.reshards)
+        notes: list[str] = []
+        on_every_rank(lambda: notes.extend(fmt.restore(self, choice.directory, saved)))
+        choice.warnings.extend(notes)
         self.trainer.controller.verify_agreement(self.trainer.state.step)
         return choice
 
-    def _apply_dist(self, directory: Path, saved: dict) -> list[str]:
+    def restore_sharded(self, directory: Path, saved: dict) -> list[str]:
+        """A resharding format's checkpoint into the trainer (`formats.py` calls it)."""
         trainer, t = self.trainer, self.trainer.config.checkpoint
         notes = dist_run.load(trainer, directory, saved, load_optimizer=not t.no_load_optim,
                               load_rng=not t.no_load_rng)
@@ -216,9 +218,9 @@ class RunCheckpoints:
                             "--override-opt-param-scheduler, or the checkpoint's with "
                             "--use-checkpoint-opt-param-scheduler") from None
 
-    def _apply(self, directory: Path) -> list[str]:
+    def restore_shard(self, directory: Path, shard: dict) -> list[str]:
+        """This rank's shard of a per-rank checkpoint into the trainer (`formats.py`)."""
         trainer, notes = self.trainer, []
-        shard = checkpoint.load_shard(directory)
         try:
             for chunk, state in zip(trainer.model, shard["model"], strict=True):
                 if self.adapters_only:
@@ -232,7 +234,7 @@ class RunCheckpoints:
             trainer.state.load_state_dict(shard["run_state"])
             trainer.controller.load_state_dict(shard["controller"])
             trainer.monitors.load_state_dict(shard["monitors"])
-            notes += checkpoint.restore_rng(shard["rng"], trainer.config.training.seed,
+            notes += rng.restore_rng(shard["rng"], trainer.config.training.seed,
                                             trainer.state.step)
             _check_restored_devices(trainer)
         except (KeyError, ValueError, RuntimeError, TypeError, AssertionError) as error:

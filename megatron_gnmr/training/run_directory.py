@@ -19,8 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
+from megatron_gnmr.checkpoints.choice import checkpoint_steps
 from megatron_gnmr.errors import RunAborted, UserError
-from megatron_gnmr.training.checkpoint_choice import checkpoint_steps
 
 STOPPED = "STOPPED"
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "gnmr_trace.jsonl", "summary.json",
@@ -53,7 +53,7 @@ def check_run_directory(checkpoint) -> None:
 
 def clear_for_overwrite(save: str) -> None:
     """`--overwrite`: remove the previous run's outputs (rank 0, after validation)."""
-    from megatron_gnmr.training.torch_dist.files import step_of
+    from megatron_gnmr.checkpoints.torch_dist.files import step_of
 
     torch_dist = [p.name for p in Path(save).iterdir() if step_of(p) is not None
                   or p.name.startswith("iter_")] if Path(save).is_dir() else []

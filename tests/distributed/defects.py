@@ -53,7 +53,7 @@ def reshard_misplaced():
     layer's fc2 weight (row-parallel: split along its input columns under TP) has its two
     halves swapped, as a reshard that misplaced TP=2's shards would leave it."""
     from megatron_gnmr.model import unwrap
-    from megatron_gnmr.training.torch_dist import run
+    from megatron_gnmr.checkpoints.torch_dist import run
 
     load = run.load
 
@@ -78,7 +78,7 @@ def optimizer_state_misplaced():
     moments of the largest parameter this rank holds (the embedding's) have their halves
     swapped, as a reshard that put one DP or EP rank's part where another's belongs would
     leave them. The weights themselves load right."""
-    from megatron_gnmr.training.torch_dist import run
+    from megatron_gnmr.checkpoints.torch_dist import run
 
     load = run.load
 

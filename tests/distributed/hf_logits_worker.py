@@ -23,8 +23,8 @@ def main(path: str) -> None:
     from megatron_gnmr.data.datasets import tokenizer_of
     from megatron_gnmr.model import build_model, unwrap
     from megatron_gnmr.training import distributed
-    from megatron_gnmr.training.checkpoint_choice import choose
-    from megatron_gnmr.training.torch_dist.run import load_model_weights
+    from megatron_gnmr.checkpoints.choice import choose
+    from megatron_gnmr.checkpoints.torch_dist.run import load_model_weights
 
     for directory, tokens_file, out_file, *layout in json.loads(open(path).read()):
         layout = layout[0] if layout else {"tp": 2}
@@ -37,7 +37,7 @@ def main(path: str) -> None:
         distributed.initialize(config)
         model = build_model(config, tokenizer_of(config.data).vocab_size)
         choice = choose(directory)
-        assert choice.format == "torch_dist"
+        assert choice.format.name == "torch_dist"
         load_model_weights(model, choice.directory, directory)
         tokens = torch.load(tokens_file)
         positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)

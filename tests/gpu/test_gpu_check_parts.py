@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from megatron_gnmr.experiments.gpu_check_table import CANNOT_RUN, PASS
+from megatron_gnmr.gpu_check.table import CANNOT_RUN, PASS
 from megatron_gnmr.platform import capabilities
 from megatron_gnmr.precision.torchao_compat import torchao_version
 from tests.helpers import LAUNCH_TIMEOUT_S, REPO
@@ -21,8 +21,8 @@ SMALL = ["--num-layers", "2", "--hidden-size", "128", "--ffn-hidden-size", "256"
          "--micro-batch-size", "2", "--global-batch-size", "2", "--bf16", "--lr", "1e-3"]
 SCRIPT = """
 import json, sys
-from megatron_gnmr.experiments.gpu_check import base_flags
-from megatron_gnmr.experiments.gpu_check_groups import groups, run_group
+from megatron_gnmr.gpu_check.check import base_flags
+from megatron_gnmr.gpu_check.groups import groups, run_group
 model = json.loads(sys.argv[2])
 chosen = groups(base_flags(model, 3, 2, 2), "bf16", "inductor")[int(sys.argv[1])]
 rows = run_group(chosen, 3, 2, 2, judge=False)

@@ -5,10 +5,11 @@ mapping (`family.hf`; the llama family's writes Llama, or Mixtral for a MoE run)
 
 The run's newest intact checkpoint is read in this one process: a torch_dist checkpoint (the
 default format) is resharded to one rank whatever layout wrote it (TP, PP, DP, distributed
-optimizer, expert parallelism); a torch-format one must come from a one-process run. A family
-without a mapping (deepseek-mla), or a setting the mapping's classes cannot express, is refused
-by name; a LoRA run is exported as a PEFT adapter (`--adapter`, `peft_adapter.py`) or merged
-first (merge-lora). The weights go through the mapping's `to_hf` into `model.safetensors` in
+optimizer, expert parallelism); a torch-format one must come from a one-process run. Every
+family has a mapping (llama's writes Llama or Mixtral, deepseek-mla's DeepseekV3); a family
+added without one, or a setting the mapping's classes cannot express, is refused by name; a
+LoRA run is exported as a PEFT adapter (`--adapter`, `peft_adapter.py`) or merged first
+(merge-lora). The weights go through the mapping's `to_hf` into `model.safetensors` in
 the run's own dtype (its checkpoint's: float32 for an fp32 run or an import, bfloat16 for a
 --bf16 run; `--dtype` converts), beside `config.json`, `generation_config.json` and the
 tokenizer (a SentencePiece model as `tokenizer.model` read by transformers' SentencePiece
@@ -51,11 +52,12 @@ def _check_target(out: Path) -> None:
 def model_on_one_rank(run_dir: Path):
     """Within: (config, model chunks, tokenizer, checkpoint directory) of a run, its weights
     loaded in this one process (a world of one)."""
+    from megatron_gnmr.checkpoints import per_rank
+    from megatron_gnmr.checkpoints.choice import choose
     from megatron_gnmr.data.datasets import tokenizer_of
     from megatron_gnmr.evaluation.loaded_run import run_config, unsplit
     from megatron_gnmr.model import build_model
-    from megatron_gnmr.training import checkpoint, distributed
-    from megatron_gnmr.training.checkpoint_choice import choose
+    from megatron_gnmr.training import distributed
 
     config = run_config(run_dir)
     hf_mapping(config, f"export-hf {run_dir}")
@@ -69,12 +71,12 @@ def model_on_one_rank(run_dir: Path):
         tokenizer = tokenizer_of(config.data)
         model = build_model(config, tokenizer.vocab_size, for_training=False)
         choice = choose(str(run_dir))
-        if choice.format == "torch_dist":
-            from megatron_gnmr.training.torch_dist import run
+        if choice.format.reshards:  # resharded to this one process, whatever wrote it
+            from megatron_gnmr.checkpoints.torch_dist import run
 
             run.load_model_weights(model, choice.directory, f"export-hf {run_dir}")
         else:
-            meta = checkpoint.read_meta(choice.directory)
+            meta = per_rank.read_meta(choice.directory)
             if meta.get("world_size") != 1:
                 raise UserError(f"export-hf {run_dir}: its checkpoint is in the torch format, "
                                 f"written by {meta.get('world_size')} processes; resume it for "
@@ -82,7 +84,7 @@ def model_on_one_rank(run_dir: Path):
                                 "that")
             from megatron_gnmr.training.resume import load_model_state
 
-            load_model_state(model[0], checkpoint.load_shard(choice.directory)["model"][0])
+            load_model_state(model[0], per_rank.load_shard(choice.directory)["model"][0])
         for chunk in model:
             chunk.eval()
         yield config, model, tokenizer, choice.directory

@@ -1,8 +1,8 @@
-"""`megatron-gnmr import-hf HF_DIR OUT_DIR`: a Hugging Face LLaMA (`LlamaForCausalLM`) as a
+"""`megatron-gnmr import-hf HF_DIR OUT_DIR`: a Hugging Face model (any family's mapping) as a
 checkpoint that `--finetune --load OUT_DIR` (and `--lora`) and `evaluate` accept, in any
 layout (a torch_dist checkpoint, resharded on load).
 
-The model settings are read from config.json (a setting the family cannot build is refused
+The model settings are read from config.json (a setting its family cannot build is refused
 by name); the weights from safetensors only (a `pytorch_model.bin` is a pickle, which could
 run code: refused; `directory.py`); every field read is checked against its range and every
 tensor on disk against the shape those fields give it, both ways (the family mapping's
@@ -61,7 +61,8 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
     from megatron_gnmr.model import build_model, unwrap
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.resume_contract import resume_settings
-    from megatron_gnmr.training.torch_dist.run import save_weights
+    from megatron_gnmr.checkpoints.torch_dist.run import save_weights
+    from megatron_gnmr.training.run_state import RunState
 
     source, out = Path(hf_dir), Path(out_dir)
     where = f"import-hf {source}"
@@ -120,7 +121,7 @@ def import_hf(hf_dir: str, out_dir: str) -> Path:
                  **{k: v.to(live[k].dtype) for k, v in ours.items()}})
             settings = resume_settings(config, f"imported from {source.resolve()}",
                                        tokenizer.vocab_size, 1)
-            save_weights(model, str(partial), settings, config)
+            save_weights(model, str(partial), settings, config, RunState().state_dict())
         finally:
             distributed.shutdown()
     except BaseException:

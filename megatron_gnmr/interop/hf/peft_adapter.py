@@ -80,7 +80,7 @@ def adapter_config(config, modules: list[str], base_model: str | None) -> dict:
 
 
 def read_adapters(run_dir: Path, config) -> dict[str, tuple]:
-    from megatron_gnmr.training import checkpoint
+    from megatron_gnmr.checkpoints import per_rank
 
     if not config.lora.enabled:
         raise UserError(f"export-hf {run_dir} --adapter: not a LoRA run (export it without "
@@ -89,11 +89,11 @@ def read_adapters(run_dir: Path, config) -> dict[str, tuple]:
         raise UserError(f"export-hf {run_dir} --adapter: a pipeline-parallel LoRA run is not "
                         "exported as an adapter yet; merge it (megatron-gnmr merge-lora) and "
                         "export the merged run")
-    directory = checkpoint.newest_intact(str(run_dir))
-    if directory is None or "lora" not in checkpoint.read_meta(directory):
+    directory = per_rank.newest_intact(str(run_dir))
+    if directory is None or "lora" not in per_rank.read_meta(directory):
         raise UserError(f"export-hf {run_dir} --adapter: no complete LoRA checkpoint there")
     tp = config.parallel.tensor_model_parallel_size
-    shards = [checkpoint.read_shard(directory, rank)["model"][0] for rank in range(tp)]
+    shards = [per_rank.read_shard(directory, rank)["model"][0] for rank in range(tp)]
     return full_adapters(shards, row_parallel_linears(config))
 
 

@@ -5,22 +5,22 @@ table:
 - capability: CUDA, Transformer Engine and its FP8 recipes, torchao, the versions;
 - (a) te-fp8 recovery: units forced onto the recovery path at step k and back at step k+1;
   forward, dgrad and wgrad bitwise `te` BF16's on captured inputs, and the FP8 output at k+1
-  a fresh FP8 forward's (no stale weight cache) (gpu_check_recovery.py);
+  a fresh FP8 forward's (no stale weight cache) (recovery.py);
 - (b) FP8 pays: tokens/s of te-fp8 against `te` BF16, and of fp8-torchao against BF16 with
   every layer compiled alike, at 2 layers, hidden 4096, FFN 14336, 32 heads / 8 groups,
-  sequence 4096 (gpu_check_speed.py);
+  sequence 4096 (speed.py);
 - (c) the controller's cost: its step against the step without it, and its own per-step work
   under CUDA-synchronised timers (it decides but recovers nothing: its overhead alone);
 - (d) torchao recovery: (a)'s checks for fp8-torchao against megatron's BF16 layers;
 - training: each FP8 arm's loss within 3% of its BF16 arm's;
 - checkpoint: an async save resumed on the same layout, and a resume on another layout
-  (gpu_check_resume.py).
+  (resume.py).
 
 A row that cannot run (Transformer Engine missing, torchao missing, a compile error) fails
 with the reason, and the verdict names it. Exit 0 when every row ran and passed.
 
     bash scripts/gpu_check.sh [--steps 30] [--out gpu_check.md]
-    .venv/bin/python -m megatron_gnmr.experiments.gpu_check --smoke   # CPU: the script itself
+    .venv/bin/python -m megatron_gnmr.gpu_check.check --smoke   # CPU: the script itself
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from megatron_gnmr.arguments import OneLineErrorParser
 from megatron_gnmr.errors import UserError, exits_cleanly_on_user_error
-from megatron_gnmr.experiments.gpu_check_table import Row, info, render, rows_or_cannot_run
+from megatron_gnmr.gpu_check.table import Row, info, render, rows_or_cannot_run
 
 # A slice of an 8B-class LLaMA (Llama-3-8B's layer): GEMMs large enough for FP8 to pay on
 # Hopper. One micro-batch of 4,096 tokens; three arms' weights and optimizer states (about 8
@@ -80,8 +80,8 @@ def capability_rows() -> list[Row]:
 def checkpoint_rows(smoke: bool) -> list[Row]:
     import torch
 
-    from megatron_gnmr.experiments import gpu_check_resume
-    from megatron_gnmr.experiments.gpu_check_table import judged
+    from megatron_gnmr.gpu_check import resume as gpu_check_resume
+    from megatron_gnmr.gpu_check.table import judged
 
     small = [*SMOKE_MODEL, *([] if smoke else ["--bf16"])]
     checks = gpu_check_resume.rows(small, 6 if smoke else 20, not smoke,
@@ -117,7 +117,7 @@ def parse(argv: list[str] | None):
 @exits_cleanly_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from megatron_gnmr.experiments.gpu_check_groups import groups, run_group
+    from megatron_gnmr.gpu_check.groups import groups, run_group
     from megatron_gnmr.platform import capabilities, quiet_known_warnings
 
     quiet_known_warnings()

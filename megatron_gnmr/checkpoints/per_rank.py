@@ -1,5 +1,5 @@
-"""Checkpoints that are either complete or invisible, hold data and never code, and are
-never lost to a later run.
+"""The torch format's checkpoints on disk: either complete or invisible, hold data and never
+code, and are never lost to a later run.
 
 Layout: `<dir>/checkpoints/iter_0000100/{rank_00000.pt, ..., meta.json}` and
 `<dir>/checkpoints/latest` naming the newest complete one. Every rank writes its own shard
@@ -17,8 +17,10 @@ skips any whose meta.json or shard sizes are wrong, and broadcasts its choice; e
 checks its shard's sha256, and a candidate any rank finds corrupt is passed over (with a
 warning) for the next intact one. Shards are read with `torch.load(weights_only=True)`.
 
-Why not megatron's `dist_checkpointing`: it reshards across layouts, which this project does
-not need yet; the per-rank format is exact for a fixed layout, checked on load.
+`--ckpt-format torch`, beside the default torch_dist (megatron-core's `dist_checkpointing`,
+`torch_dist/`, which reshards across layouts): a per-rank shard is exact for the layout that
+wrote it and is refused on another (checked on load); LoRA's adapters-only checkpoints and
+merge-lora use it. Which of the two a caller is dealing with, it asks `formats.py`.
 """
 
 from __future__ import annotations
@@ -26,21 +28,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
-from megatron.core import tensor_parallel
 
+from megatron_gnmr.checkpoints.durable import fsync_directory, write_durably
+from megatron_gnmr.checkpoints.safe_state import from_plain, to_plain
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.platform import device, device_audit
-from megatron_gnmr.platform.device import run_device
-from megatron_gnmr.training.faults import NO_FAULTS
-from megatron_gnmr.training.safe_state import from_plain, to_plain
+from megatron_gnmr.platform import device_audit
 
 LATEST = "latest"
 FORMAT = 2  # meta.json format: shard hashes and the resume settings
@@ -49,57 +46,6 @@ ITERATION = re.compile(r"iter_(\d{7,})")
 
 def checkpoint_root(run_dir: str) -> Path:
     return Path(run_dir) / "checkpoints"
-
-
-def rng_state() -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-        "device": device.rng_state(),
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
-    device.set_rng_state(state["device"])
-
-
-def restore_rng(state: dict, seed: int, step: int) -> list[str]:
-    """Continue a checkpoint's generator streams, or, where they were saved on another kind of
-    device, re-derive them (`rederive_rng`) and say so (the returned start-notice lines)."""
-    if _rng_fits_this_device(state):
-        set_rng_state(state)
-        return []
-    rederive_rng(seed, step)
-    return ["the checkpoint's RNG streams were saved on another kind of device (GPU <-> CPU) "
-            "and cannot continue here: they were re-derived from the seed and the step, as a "
-            "run's start seeds them (dropout masks differ from an uninterrupted run)"]
-
-
-def _rng_fits_this_device(state: dict) -> bool:
-    """Megatron's tracker keeps CUDA generator states on a GPU and CPU ones on the CPU
-    (cpu_patches), and neither can be set into the other (a GPU run resumed in a CPU
-    process, or back)."""
-    here = (torch.cuda.get_rng_state() if device.has_accelerator()
-            else torch.get_rng_state()).numel()
-    return (("cuda" in state["device"]) == device.has_accelerator() and
-            all(torch.as_tensor(s).numel() == here for s in state["tracker"].values()))
-
-
-def rederive_rng(seed: int, step: int) -> None:
-    """RNG streams for a layout the checkpoint was not written in: seeded from the seed and
-    the step as a run's start seeds them (`distributed.set_seeds`), so the same resume gives
-    the same streams and they keep Megatron's rule: the default generator equal on every TP
-    rank of a stage (the replicated residual stream's dropout), the model-parallel tracker
-    one per TP rank."""
-    from megatron_gnmr.training.distributed import set_seeds
-
-    set_seeds((seed * 1_000_003 + step * 7919) % (2**31))
 
 
 def _rank_file(directory: Path, rank: int) -> Path:
@@ -127,25 +73,6 @@ class _HashingWriter:
         self.file.flush()
 
 
-def _fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _write_durably(path: Path, text: str) -> None:
-    """Write-then-rename, with the file and its directory fsynced."""
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, path)
-    _fsync_directory(path.parent)
-
-
 def _write_shard(staging: Path, rank: int, shard: dict) -> dict:
     partial = staging / f".rank_{rank:05d}.pt.partial"
     with open(partial, "wb") as file:
@@ -159,8 +86,9 @@ def _write_shard(staging: Path, rank: int, shard: dict) -> dict:
 
 
 def save_checkpoint(run_dir: str, step: int, shard: dict, meta: dict, keep_last: int,
-                    faults=NO_FAULTS) -> Path:
-    """Collective: every rank calls it with its own shard."""
+                    faults=None) -> Path:
+    """Collective: every rank calls it with its own shard (`faults`: the trainer's
+    `FaultHooks`, for the reliability tests)."""
     rank = torch.distributed.get_rank()
     root = checkpoint_root(run_dir)
     final = root / f"iter_{step:07d}"
@@ -170,7 +98,8 @@ def save_checkpoint(run_dir: str, step: int, shard: dict, meta: dict, keep_last:
         staging.mkdir(parents=True)
     torch.distributed.barrier()
     record = _write_shard(staging, rank, shard)
-    faults.maybe_kill(step, "save")  # reliability tests: die with the checkpoint half written
+    if faults is not None:  # reliability tests: die with the checkpoint half written
+        faults.maybe_kill(step, "save")
     records = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(records, record)
     if rank == 0:
@@ -178,13 +107,13 @@ def save_checkpoint(run_dir: str, step: int, shard: dict, meta: dict, keep_last:
                     world_size=torch.distributed.get_world_size(),
                     shards={r["file"]: {"size": r["size"], "sha256": r["sha256"]}
                             for r in records})
-        _write_durably(staging / "meta.json", json.dumps(meta, indent=2))
-        _fsync_directory(staging)
+        write_durably(staging / "meta.json", json.dumps(meta, indent=2))
+        fsync_directory(staging)
         if final.exists():  # the same step written again: the new one replaces it
             shutil.rmtree(final)
         os.replace(staging, final)
-        _fsync_directory(root)
-        _write_durably(root / LATEST, final.name)
+        fsync_directory(root)
+        write_durably(root / LATEST, final.name)
         _prune_older(root, step, keep_last)
     torch.distributed.barrier()
     return final
@@ -200,12 +129,12 @@ def write_checkpoint(run_dir: str, step: int, shards: list[dict], meta: dict) ->
     records = [_write_shard(staging, rank, shard) for rank, shard in enumerate(shards)]
     meta = dict(meta, format=FORMAT, step=step, world_size=len(shards),
                 shards={r["file"]: {"size": r["size"], "sha256": r["sha256"]} for r in records})
-    _write_durably(staging / "meta.json", json.dumps(meta, indent=2))
-    _fsync_directory(staging)
+    write_durably(staging / "meta.json", json.dumps(meta, indent=2))
+    fsync_directory(staging)
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
-    _write_durably(root / LATEST, final.name)
+    write_durably(root / LATEST, final.name)
     return final
 
 
@@ -298,45 +227,6 @@ def candidates(load: str) -> list[Path]:
                    key=step_of, reverse=True) if root.is_dir() else []
     latest = latest_checkpoint(load)
     return ([latest] if latest else []) + [p for p in found if p != latest]
-
-
-@dataclass
-class Choice:
-    directory: Path
-    warnings: list[str] = field(default_factory=list)
-
-
-def choose_checkpoint(load: str) -> Choice:
-    """Collective: the newest intact checkpoint of `load`, the same on every rank (rank 0
-    decides from meta.json and sizes, every rank checks its own shard's hash)."""
-    rank = torch.distributed.get_rank()
-    queue = candidates(load) if rank == 0 else []
-    warnings: list[str] = []
-    while True:
-        chosen = None
-        while rank == 0 and queue and chosen is None:
-            candidate = queue.pop(0)
-            problem = intact_on_disk(candidate)
-            if problem is None:
-                chosen = candidate
-            else:
-                warnings.append(f"skipped {candidate}: {problem}")
-        message = [str(chosen) if chosen else None, warnings]
-        torch.distributed.broadcast_object_list(message, src=0)
-        warnings = message[1]  # every rank holds rank 0's account from here on
-        if message[0] is None:
-            raise UserError(f"--load {load}: no complete checkpoint there (expected "
-                            f"{checkpoint_root(load)}/iter_* with meta.json)"
-                            + (f"; {'; '.join(warnings)}" if warnings else ""))
-        directory = Path(message[0])
-        intact = torch.tensor([shard_matches(directory, rank)], device=run_device())
-        torch.distributed.all_reduce(intact, op=torch.distributed.ReduceOp.MIN)
-        if int(intact) == 1:
-            return Choice(directory, warnings)
-        problem = "a shard's sha256 differs from meta.json (corrupt)"
-        if Path(load) == directory:  # an iter_* directory given explicitly: no fallback
-            raise UserError(f"--load {load}: {problem}; load an older checkpoint")
-        warnings.append(f"skipped {directory}: {problem}")
 
 
 def shard_matches(directory: Path, rank: int) -> int:

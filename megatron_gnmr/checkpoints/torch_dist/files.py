@@ -38,6 +38,7 @@ from typing import Callable
 
 import torch
 
+from megatron_gnmr.checkpoints.durable import fsync_directory, write_durably
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.platform.device import run_device
 
@@ -47,24 +48,6 @@ FORMAT = 1
 ITERATION = re.compile(r"iter_(\d{7,})")
 WRITER_HASHES = "megatron_gnmr.writer_sha256.rank"  # + "<rank>.json", removed before publication
 PENDING = "sha256_pending"  # a manifest published before its files were hashed
-
-
-def _fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def write_durably(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, path)
-    _fsync_directory(path.parent)
 
 
 def step_of(path: Path) -> int | None:
@@ -135,11 +118,11 @@ def _publish(root: str, staging: Path, step: int, manifest: dict) -> Path:
     for note in staging.glob(f"{WRITER_HASHES}*"):
         note.unlink()
     write_durably(staging / MANIFEST, json.dumps(manifest, indent=2))
-    _fsync_directory(staging)
+    fsync_directory(staging)
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
-    _fsync_directory(final.parent)
+    fsync_directory(final.parent)
     write_durably(Path(root) / TRACKER, str(step))
     return final
 

@@ -22,10 +22,9 @@ import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
-from megatron_gnmr.experiments.gpu_check_replay import (Capture, bitwise_equal, difference,
-                                                       mismatches, no_weight_cache,
-                                                       parameters_set, replay)
-from megatron_gnmr.experiments.gpu_check_table import Row, judged
+from megatron_gnmr.gpu_check.replay import (Capture, bitwise_equal, difference, mismatches,
+                                            no_weight_cache, parameters_set, replay)
+from megatron_gnmr.gpu_check.table import Row, judged
 
 CHECKS = ("recovered at step k: forward in the training step = BF16",
           "recovered at step k: forward, dgrad, wgrad (replay) = BF16",

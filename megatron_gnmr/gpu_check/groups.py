@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from megatron_gnmr.experiments import gpu_check_recovery as recovery
-from megatron_gnmr.experiments import gpu_check_speed as speed
-from megatron_gnmr.experiments.gpu_check_table import Row, cannot_run, info, rows_or_cannot_run
+from megatron_gnmr.gpu_check import recovery
+from megatron_gnmr.gpu_check import speed
+from megatron_gnmr.gpu_check.table import Row, cannot_run, info, rows_or_cannot_run
 
 # The controller does all its per-step work (statistics, scores, decision) but recovers
 # nothing: what (c) measures is its overhead, not the BF16 GEMMs of the units it recovers
@@ -112,8 +112,8 @@ def run_group(group: Group, steps: int, warmup: int, work_steps: int, judge: boo
     if reason is not None:
         return [cannot_run(part, check, reason)
                 for stage in checks.values() for part, check in stage]
-    from megatron_gnmr.experiments.gpu_check_arms import (CompiledLayers, Stepper,
-                                                          build_trainers, transformer_layers)
+    from megatron_gnmr.gpu_check.arms import (CompiledLayers, Stepper, build_trainers,
+                                              transformer_layers)
 
     state = {}
 
@@ -142,7 +142,7 @@ def run_group(group: Group, steps: int, warmup: int, work_steps: int, judge: boo
         return rows
 
     def controller() -> list[Row]:
-        from megatron_gnmr.experiments.gpu_check_arms import time_step_work
+        from megatron_gnmr.gpu_check.arms import time_step_work
 
         work = time_step_work(state["stepper"], [group.fp8, group.controlled], work_steps)
         _progress(f"timed the step component over {work_steps} steps")

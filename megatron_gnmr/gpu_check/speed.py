@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-from megatron_gnmr.experiments.gpu_check_table import Row, info, judged
+from megatron_gnmr.gpu_check.table import Row, info, judged
 
 FP8_PAYS_AT = 1.2  # FP8 tokens/s over its BF16 arm's
 CONTROLLER_WITHIN = 0.01  # the controller's step over the step without it, minus one

@@ -16,37 +16,35 @@ from pathlib import Path
 
 import torch
 
+from megatron_gnmr.checkpoints.formats import FORMATS, CheckpointFormat
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.training import checkpoint
-from megatron_gnmr.training.torch_dist import files as dist_files
 
 
 @dataclass
 class Choice:
     directory: Path
-    format: str
+    format: CheckpointFormat
     warnings: list[str] = field(default_factory=list)
 
 
-STEP_OF = {"torch": checkpoint.step_of, "torch_dist": dist_files.step_of}
-
-
-def _candidates(load: str, wanted_step: int | None) -> list[tuple[Path, str]]:
-    torch_format = [(p, "torch") for p in checkpoint.candidates(load)]
-    dist = [(p, "torch_dist") for p in dist_files.candidates(load)]
-    if Path(load) in {p for p, _ in torch_format + dist}:
-        return [c for c in torch_format + dist if c[0] == Path(load)]
+def _candidates(load: str, wanted_step: int | None) -> list[tuple[Path, CheckpointFormat]]:
+    per_format = [[(p, f) for p in f.candidates(load)] for f in FORMATS.values()]
+    every = [c for found in per_format for c in found]
+    if Path(load) in {p for p, _ in every}:
+        return [c for c in every if c[0] == Path(load)]
     if wanted_step is not None:
-        return [c for c in torch_format + dist if STEP_OF[c[1]](c[0]) == wanted_step][:1]
-    step = STEP_OF
+        return [c for c in every if c[1].step_of(c[0]) == wanted_step][:1]
+
+    def step(candidate: tuple[Path, CheckpointFormat]) -> int:
+        return candidate[1].step_of(candidate[0]) or -1
+
     # each format's own pointer first among its own, the newer step first across formats
-    merged = sorted(torch_format + dist, key=lambda c: step[c[1]](c[0]) or -1, reverse=True)
-    pointers = [c for c in (torch_format[:1] + dist[:1])]
-    return sorted(pointers, key=lambda c: step[c[1]](c[0]) or -1, reverse=True) + \
-        [c for c in merged if c not in pointers]
+    merged = sorted(every, key=step, reverse=True)
+    pointers = [found[0] for found in per_format if found]
+    return sorted(pointers, key=step, reverse=True) + [c for c in merged if c not in pointers]
 
 
-def newest_format(load: str) -> str | None:
+def newest_format(load: str) -> CheckpointFormat | None:
     """The format of the checkpoint `choose` would try first, read from this process's view
     of the files alone (not collective, no integrity check: what to set up before the
     process group exists)."""
@@ -58,28 +56,10 @@ def recorded_settings(load: str, step: int | None = None) -> tuple[Path, dict]:
     """The settings the checkpoint `choose` would try first recorded (flag -> value), read
     from this process's view of the files (not collective: what a command line is completed
     from before the process group exists; the load itself checks the hashes)."""
-    for directory, kind in _candidates(load, step):
-        if _problem(directory, kind) is None:
-            record = dist_files.read_manifest(directory) if kind == "torch_dist" else \
-                checkpoint.read_meta(directory)
-            return directory, record.get("settings") or {}
+    for directory, fmt in _candidates(load, step):
+        if fmt.problem_on_disk(directory) is None:
+            return directory, fmt.record(directory).get("settings") or {}
     raise UserError(f"--load {load}: no complete checkpoint there to read its settings from")
-
-
-def _problem(directory: Path, kind: str) -> str | None:
-    return dist_files.problem_on_disk(directory) if kind == "torch_dist" else \
-        checkpoint.intact_on_disk(directory)
-
-
-def _hashes_match(directory: Path, kind: str) -> bool:
-    if kind == "torch_dist":
-        return dist_files.hashes_match(directory)
-    from megatron_gnmr.platform.device import run_device
-
-    intact = torch.tensor([checkpoint.shard_matches(directory, torch.distributed.get_rank())],
-                          device=run_device())
-    torch.distributed.all_reduce(intact, op=torch.distributed.ReduceOp.MIN)
-    return int(intact) == 1
 
 
 def choose(load: str, step: int | None = None) -> Choice:
@@ -91,10 +71,10 @@ def choose(load: str, step: int | None = None) -> Choice:
     while True:
         chosen = None
         while rank == 0 and queue and chosen is None:
-            directory, kind = queue.pop(0)
-            problem = _problem(directory, kind)
+            directory, fmt = queue.pop(0)
+            problem = fmt.problem_on_disk(directory)
             if problem is None:
-                chosen = (str(directory), kind)
+                chosen = (str(directory), fmt.name)
             else:
                 warnings.append(f"skipped {directory}: {problem}")
         message = [chosen, warnings]
@@ -107,13 +87,12 @@ def choose(load: str, step: int | None = None) -> Choice:
                             + (f"; {'; '.join(warnings)}" if warnings else ""))
         if message[0] is None:
             raise UserError(f"--load {load}: no complete checkpoint there (expected "
-                            f"{load}/iter_* with {dist_files.MANIFEST}, or "
-                            f"{checkpoint.checkpoint_root(load)}/iter_* with meta.json)"
+                            + ", or ".join(f.expected(load) for f in FORMATS.values()) + ")"
                             + (f"; {'; '.join(warnings)}" if warnings else ""))
-        directory, kind = Path(message[0][0]), message[0][1]
-        if _hashes_match(directory, kind):
-            pending = dist_files.hashes_pending(directory) if kind == "torch_dist" else None
-            return Choice(directory, kind, warnings + ([pending] if pending else []))
+        directory, fmt = Path(message[0][0]), FORMATS[message[0][1]]
+        if fmt.hashes_match(directory):
+            pending = fmt.hashes_pending(directory)
+            return Choice(directory, fmt, warnings + ([pending] if pending else []))
         problem = "a file's sha256 differs from what was written (corrupt)"
         if Path(load) == directory or step is not None:
             raise UserError(f"--load {load}: {problem}; load an older checkpoint")
@@ -122,8 +101,7 @@ def choose(load: str, step: int | None = None) -> Choice:
 
 def checkpoint_steps(run_dir: str) -> list[int]:
     """Every complete checkpoint's step, either format (the reuse check)."""
-    return sorted(set(checkpoint.checkpoint_steps(run_dir)) |
-                  set(dist_files.checkpoint_steps(run_dir)))
+    return sorted({step for f in FORMATS.values() for step in f.checkpoint_steps(run_dir)})
 
 
 def latest_step(run_dir: str) -> int | None:

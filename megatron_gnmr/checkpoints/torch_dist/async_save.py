@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from megatron_gnmr.training.torch_dist import files
+from megatron_gnmr.checkpoints.torch_dist import files
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """`megatron-gnmr calibrate RUN_DIR`: the units to keep in BF16 (`controller/calibrate.py`
-ranks them), written as the precision config Megatron reads. Here because a budget in FLOPs
-needs the run's own config (`config.json`), which the controller layer does not read."""
+ranks them), written as the precision config Megatron reads. A command at the top, as
+`estimate.py` is, rather than in controller/: a budget in FLOPs needs the run's own config
+(`config.json`), which the controller layer does not read."""
 
 from __future__ import annotations
 

@@ -40,38 +40,17 @@ rounding. A CPU run pins nothing.
 
 from __future__ import annotations
 
-import dataclasses
-
-from megatron_gnmr.training.memory_estimate import GIB, parameters_per_rank
-
-
-def whole_model_parameters(config) -> int:
-    """Every parameter of the model, counted once (the layout's sharding undone)."""
-    single = dataclasses.replace(config.parallel, tensor_model_parallel_size=1,
-                                 pipeline_model_parallel_size=1, expert_model_parallel_size=1)
-    dense, experts = parameters_per_rank(dataclasses.replace(config, parallel=single))
-    return dense + experts
-
-
-def state_bytes(config, ckpt_format: str) -> int:
-    """Optimizer bytes a checkpoint writes per parameter: Adam's two fp32 moments, and an fp32
-    main weight where megatron keeps one apart from the model's (bf16) or writes one anyway
-    (the distributed optimizer's torch_dist state names `param` in fp32 too: a view of the
-    weight, written a second time; our torch format leaves those views out)."""
-    main_weight = config.training.bf16 or (ckpt_format == "torch_dist" and
-                                           config.parallel.use_distributed_optimizer)
-    return 8 + (4 if main_weight else 0)
+from megatron_gnmr.checkpoints.formats import FORMATS, TORCH_DIST, checkpoint_format, state_bytes
+from megatron_gnmr.model_families.parameter_count import (
+    GIB,
+    parameters_per_rank,
+    whole_model_parameters,
+)
 
 
 def checkpoint_bytes(config, world_size: int) -> dict[str, float]:
     """{format: bytes one checkpoint writes, summed over every rank}."""
-    p, bf16 = config.parallel, config.training.bf16
-    dp = max(world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size), 1)
-    parameters = whole_model_parameters(config)
-    weights = parameters * (2 if bf16 else 4)
-    return {"torch_dist": weights + parameters * state_bytes(config, "torch_dist"),
-            "torch": dp * weights + (1 if p.use_distributed_optimizer else dp) * parameters
-            * state_bytes(config, "torch")}
+    return {f.name: f.bytes_written(config, world_size) for f in FORMATS.values()}
 
 
 def host_bytes_per_rank(config, world_size: int) -> dict[str, float]:
@@ -83,7 +62,7 @@ def host_bytes_per_rank(config, world_size: int) -> dict[str, float]:
     dense, experts = parameters_per_rank(config)
     shard = dense + experts
     weights = shard * (2 if t.bf16 else 4) / dp
-    state = shard * state_bytes(config, "torch_dist")
+    state = shard * state_bytes(config, TORCH_DIST)
     # a load reads what the rank needs whole, or its share with a fully parallel load
     read = 1 if ck.ckpt_fully_parallel_load else dp
     if not p.use_distributed_optimizer:
@@ -109,7 +88,7 @@ def lines(config, world_size: int) -> list[str]:
 
 def _host_lines(config, world_size: int) -> list[str]:
     t = config.checkpoint
-    if t.ckpt_format == "torch":
+    if not checkpoint_format(t.ckpt_format).sharded_save:
         return []
     form = "optimizer not distributed" if not config.parallel.use_distributed_optimizer \
         else "fully reshardable" + (", memory-efficient" if

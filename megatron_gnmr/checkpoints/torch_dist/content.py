@@ -30,11 +30,11 @@ from argparse import Namespace
 import torch
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+from megatron_gnmr.checkpoints.rng import rng_state
+from megatron_gnmr.checkpoints.safe_state import from_plain, to_plain
+from megatron_gnmr.checkpoints.torch_dist import te_extra_state
 from megatron_gnmr.model import unwrap
 from megatron_gnmr.platform.megatron_compat import zero_adam_state
-from megatron_gnmr.training.checkpoint import rng_state
-from megatron_gnmr.training.safe_state import from_plain, to_plain
-from megatron_gnmr.training.torch_dist import te_extra_state
 
 RANK_STATE = "megatron_gnmr/rank_state"
 DP_RESHARDABLE, FULLY_RESHARDABLE = "dp_reshardable", "fully_reshardable"

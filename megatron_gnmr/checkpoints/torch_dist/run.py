@@ -14,16 +14,17 @@ from pathlib import Path
 import torch
 from megatron.core import dist_checkpointing, parallel_state
 
-from megatron_gnmr.errors import UserError
-from megatron_gnmr.model import unwrap
-from megatron_gnmr.platform.megatron_compat import fix_torch_adam_reshard
-from megatron_gnmr.training.torch_dist import content, files, te_extra_state
-from megatron_gnmr.training.torch_dist.data_only import (
+from megatron_gnmr.checkpoints import rng
+from megatron_gnmr.checkpoints.torch_dist import content, files, te_extra_state
+from megatron_gnmr.checkpoints.torch_dist.data_only import (
     CheckpointNotData,
     read_common,
     read_index,
     reading_data_only,
 )
+from megatron_gnmr.errors import UserError
+from megatron_gnmr.model import unwrap
+from megatron_gnmr.platform.megatron_compat import fix_torch_adam_reshard
 
 
 def _save_strategy():
@@ -125,7 +126,7 @@ def read_saved(directory: Path) -> dict:
     if not isinstance(ours, dict):
         raise UserError(f"--load {directory}: not written by megatron-gnmr (no megatron_gnmr "
                         "state in its common state)")
-    from megatron_gnmr.training.safe_state import from_plain
+    from megatron_gnmr.checkpoints.safe_state import from_plain
 
     return {**from_plain(ours), "opt_param_scheduler": common.get("opt_param_scheduler")}
 
@@ -169,18 +170,16 @@ def load(trainer, directory: Path, saved: dict, load_optimizer: bool = True,
         trainer.optimizer.load_state_dict(_reconciled(loaded["optimizer"], state["optimizer"]))
     trainer.state.load_state_dict(saved["run_state"])
     trainer.controller.load_state_dict(saved["controller"])
-    from megatron_gnmr.training import checkpoint
-
     notes, seed, step = [], trainer.config.training.seed, trainer.state.step
     if same_layout:
         rank_state = content.unpack_rank_state(loaded["rank_state"])
         if load_rng:
-            notes += checkpoint.restore_rng(rank_state["rng"], seed, step)
+            notes += rng.restore_rng(rank_state["rng"], seed, step)
         else:
-            checkpoint.rederive_rng(seed, step)
+            rng.rederive_rng(seed, step)
         trainer.monitors.load_state_dict(rank_state["monitors"])
     else:
-        checkpoint.rederive_rng(seed, step)
+        rng.rederive_rng(seed, step)
         trainer.monitors.load_alarms(saved["alarms"])
         notes.append(f"resumed on another layout ({_describe(saved['layout'])} -> "
                      f"{_describe(content.layout(trainer.config))}): the model and optimizer "
@@ -294,11 +293,11 @@ def load_model_weights(model_chunks, directory: Path, source: str,
                         f"unexpected, {len(missing)} missing, e.g. {(unexpected or missing)[0]})")
 
 
-def save_weights(model_chunks, root: str, settings: dict, config) -> Path:
-    """Collective: a checkpoint of the model's weights alone, as step 0 (`import-hf`): what
-    `--finetune --load` and evaluate read, resharded to their layout."""
-    from megatron_gnmr.training.run_state import RunState
-    from megatron_gnmr.training.safe_state import to_plain
+def save_weights(model_chunks, root: str, settings: dict, config, run_state: dict) -> Path:
+    """Collective: a checkpoint of the model's weights alone, as step 0 (`import-hf`,
+    merge-lora): what `--finetune --load` and evaluate read, resharded to their layout.
+    `run_state`: a fresh run's (`RunState().state_dict()`), recorded as a resume reads it."""
+    from megatron_gnmr.checkpoints.safe_state import to_plain
 
     _start_writer_results_queue()
     staging = files.staging_directory(root, 0) if torch.distributed.get_rank() == 0 \
@@ -309,7 +308,7 @@ def save_weights(model_chunks, root: str, settings: dict, config) -> Path:
                                            .embedding.word_embeddings.weight.shape[0]
                                            * config.parallel.tensor_model_parallel_size),
              "checkpoint_version": 3.0, "iteration": 0,
-             "megatron_gnmr": to_plain({"run_state": RunState().state_dict(),
+             "megatron_gnmr": to_plain({"run_state": run_state,
                                         "layout": content.layout(config),
                                         "settings": settings, "weights_only": True})}
     dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy())
