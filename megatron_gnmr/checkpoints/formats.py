@@ -17,6 +17,7 @@ format's name (tests/test_checkpoint_formats.py holds that count at 0).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import torch
@@ -26,8 +27,9 @@ from megatron_gnmr.checkpoints.torch_dist import files as dist_files
 from megatron_gnmr.model_families.parameter_count import whole_model_parameters
 
 
-class CheckpointFormat:
-    """What one format is and does. Collective methods say so."""
+class CheckpointFormat(ABC):
+    """What one format is and does (each abstract method: every format has its own). Collective
+    methods say so."""
 
     name: str
     reshards: bool
@@ -40,60 +42,72 @@ class CheckpointFormat:
     description: str
     """The file in a checkpoint that records every other file's size and sha256."""
 
+    @abstractmethod
     def candidates(self, load: str) -> list[Path]:
         """What `--load`/`--resume auto` may load, in order (an `iter_*` directory given
         directly; else the one the format's pointer names, then the others newest first)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def step_of(self, path: Path) -> int | None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def checkpoint_steps(self, run_dir: str) -> list[int]:
         """Every complete checkpoint's step in a run directory."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def expected(self, load: str) -> str:
         """Where its checkpoints would be, for a "none there" message."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def problem_on_disk(self, directory: Path) -> str | None:
         """Why `directory` cannot be loaded, from its description and file sizes; None."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def record(self, directory: Path) -> dict:
         """Its description: the settings it was written with (`settings`), its step, ..."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def hashes_match(self, directory: Path) -> bool:
         """Collective: every file this rank checks has the sha256 its description records."""
-        raise NotImplementedError
+        ...
 
     def hashes_pending(self, directory: Path) -> str | None:
         """A warning where the hashes could not be checked (None: they were)."""
         return None
 
+    @abstractmethod
     def main_weight_written(self, config) -> bool:
         """Whether the optimizer state written holds an fp32 main weight besides Adam's two
         moments (bf16 always does)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def bytes_written(self, config, world_size: int) -> float:
         """What one checkpoint writes, summed over every rank (`size.py`)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def save(self, run, step: int, asynchronous=None, published=None,
              publish_first=None) -> Path | None:
         """Collective: the trainer's checkpoint of `step` (`run`: its
         `training.resume.RunCheckpoints`). None while an async save is in flight."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def read_saved(self, directory: Path) -> dict:
         """What a resume checks before it restores (`settings`, and what `restore` needs)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def restore(self, run, directory: Path, saved: dict) -> list[str]:
         """Collective: `directory` into the trainer; returns the start notice's lines."""
-        raise NotImplementedError
+        ...
 
     def __repr__(self) -> str:
         return f"<checkpoint format {self.name}>"

@@ -142,6 +142,16 @@ class Expected:
     """The fields that make the shape, with their values ("intermediate_size 176, ...")."""
 
 
+
+def outer_weights(model: dict, hidden: int, vocab: int) -> Iterable[tuple[str, Expected]]:
+    """The tensors outside the decoder layers every family holds: the embedding, the final
+    norm and, untied, the output layer (`model`: our model section)."""
+    h, table = f"hidden_size {hidden}", f"vocab_size {vocab}, hidden_size {hidden}"
+    yield "model.embed_tokens.weight", Expected((vocab, hidden), table)
+    yield "model.norm.weight", Expected((hidden,), h)
+    if model["untie_embeddings_and_output_weights"]:
+        yield "lm_head.weight", Expected((vocab, hidden), table)
+
 def check_weights(expected: Iterable[tuple[str, Expected]], weights: dict[str, torch.Tensor],
                   files: dict[str, str], where: str, layers: int, left_out: list[str] = ()) \
         -> None:

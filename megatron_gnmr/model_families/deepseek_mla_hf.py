@@ -30,8 +30,8 @@ import torch
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.limits import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH
-from megatron_gnmr.model_families.checked_hf import (ConfigJson, Expected, rope_table,
-                                                     rope_theta, rope_type)
+from megatron_gnmr.model_families.checked_hf import (ConfigJson, Expected, outer_weights,
+                                                     rope_table, rope_theta, rope_type)
 from megatron_gnmr.model_families.tied_hf import (output_layer_from_hf, output_layer_to_hf,
                                                   tied_head_on_disk)
 
@@ -305,10 +305,7 @@ class DeepSeekV3HF:
         shared = m["moe_shared_expert_intermediate_size"]
         h, n = f"hidden_size {hidden}", f"num_attention_heads {heads}"
         qk = f"{n} x (qk_nope_head_dim {nope} + qk_rope_head_dim {rope})"
-        yield "model.embed_tokens.weight", Expected((vocab, hidden), f"vocab_size {vocab}, {h}")
-        yield "model.norm.weight", Expected((hidden,), h)
-        if m["untie_embeddings_and_output_weights"]:
-            yield "lm_head.weight", Expected((vocab, hidden), f"vocab_size {vocab}, {h}")
+        yield from outer_weights(m, hidden, vocab)
         for layer in range(m["num_layers"]):
             at = f"model.layers.{layer}."
             out = {at + "input_layernorm.weight": Expected((hidden,), h),

@@ -24,8 +24,8 @@ import torch
 
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.limits import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH
-from megatron_gnmr.model_families.checked_hf import (ConfigJson, Expected, rope_table,
-                                                     rope_theta, rope_type)
+from megatron_gnmr.model_families.checked_hf import (ConfigJson, Expected, outer_weights,
+                                                     rope_table, rope_theta, rope_type)
 from megatron_gnmr.model_families.llama_layout import (PROJ, QKV, fused_qkv, head_dim,
                                                        unfused_qkv)
 from megatron_gnmr.model_families.tied_hf import (output_layer_from_hf, output_layer_to_hf,
@@ -259,10 +259,7 @@ class LlamaHF:
             f"head_dim {d} (hidden_size // num_attention_heads)"
         q, kv = f"num_attention_heads {heads} x {width}", f"num_key_value_heads {groups} x {width}"
         f = f"intermediate_size {ffn}"
-        yield "model.embed_tokens.weight", Expected((vocab, hidden), f"vocab_size {vocab}, {h}")
-        yield "model.norm.weight", Expected((hidden,), h)
-        if m["untie_embeddings_and_output_weights"]:
-            yield "lm_head.weight", Expected((vocab, hidden), f"vocab_size {vocab}, {h}")
+        yield from outer_weights(m, hidden, vocab)
         for layer in range(m["num_layers"]):
             at = f"model.layers.{layer}."
             attention = at + "self_attn."
