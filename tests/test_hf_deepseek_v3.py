@@ -4,8 +4,8 @@ tests/test_hf_interop.py (max |ours - transformers| <= 1e-5 x max |transformers'
 float32). The random model has V3's parts at a small width: a query latent, MLA's content and
 RoPE head parts, YaRN (factor 40, V3's bands), a dense first layer, 8 routed experts in 4
 groups (top 4 from the best 2 groups, V3's topk / group_topk = 2), a shared expert, sigmoid
-routing with a random e_score_correction_bias and the routed scaling factor 2.5.
-Measured on this AMD EPYC: 3.2e-6 imported (transformers' own float32 is 2.9e-6 from its
+routing with a random e_score_correction_bias and the routed scaling factor 2.5. Its logits,
+the defects that break them and the round trip: tests/test_hf_families.py. Measured on this AMD EPYC: 3.2e-6 imported (transformers' own float32 is 2.9e-6 from its
 float64). transformers' latent norms always use eps 1e-6 (so does V3): another rms_norm_eps
 gave 9e-6, and is refused by name."""
 
@@ -69,10 +69,9 @@ def _gap(run: Path, hf: Path) -> float:
     return relative_gap(logits_of(run, ids), judge.logits(judge.load(hf), ids))
 
 
-def test_an_imported_deepseek_v3_gives_transformers_logits(imported):
-    gap = _gap(imported / "ours", imported / "hf")
-    print(f"\nimported DeepseekV3: max |ours - transformers| / max |logit| = {gap:.2e}")
-    assert gap <= BOUND
+def test_an_imported_deepseek_v3_reads_its_latents_yarn_and_groups(imported):
+    """The logits, the defects that break them (YaRN or the routing bias dropped) and the
+    round trip of the tensors: tests/test_hf_families.py."""
     settings = json.loads((imported / "ours" / "config.json").read_text())
     assert settings["model"]["model_family"] == "deepseek-mla"
     assert settings["mla"]["rotary_scaling_factor"] == 40.0 and settings["mla"]["q_lora_rank"] \
@@ -81,50 +80,10 @@ def test_an_imported_deepseek_v3_gives_transformers_logits(imported):
         settings["model"]["moe_router_topk_scaling_factor"] == 2.5
 
 
-@pytest.mark.parametrize("defect", ["yarn_dropped", "expert_bias_dropped"])
-def test_a_dropped_part_breaks_the_bound(imported, tmp_path, defect):
-    """The check can fail: the checkpoint read as plain RoPE, or the routing bias zeroed on
-    disk (each token then goes to other experts), is far outside the bound."""
-    from safetensors.torch import load_file, save_file
-
-    bad = tmp_path / "hf"
-    shutil.copytree(imported / "hf", bad)
-    if defect == "yarn_dropped":
-        config = json.loads((bad / "config.json").read_text())
-        config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
-        (bad / "config.json").write_text(json.dumps(config))
-    else:
-        weights = load_file(str(bad / "model.safetensors"))
-        for name in weights:
-            if name.endswith("e_score_correction_bias"):
-                weights[name] = torch.zeros_like(weights[name])
-        save_file(weights, str(bad / "model.safetensors"), metadata={"format": "pt"})
-    assert cli("import-hf", str(bad), str(tmp_path / "ours")) == 0
-    gap = _gap(tmp_path / "ours", imported / "hf")
-    assert gap > 100 * BOUND, gap
-
-
-def test_export_of_an_imported_deepseek_v3_is_the_original_bit_for_bit(imported, tmp_path):
-    from safetensors.torch import load_file
-
+def test_yarn_exports_as_imported(imported, tmp_path):
     assert cli("export-hf", str(imported / "ours"), str(tmp_path / "back"), "--dtype",
                "fp32") == 0
-    original = load_file(str(imported / "hf" / "model.safetensors"))
-    back = load_file(str(tmp_path / "back" / "model.safetensors"))
-    # per layer: 7 MLA weights (q latent, its norm, q up, kv down, its norm, kv up, o) and two
-    # norms; the dense layer's 3 MLP weights; each MoE layer's router, bias, 8 x 3 routed and
-    # 3 shared
-    assert original.keys() == back.keys()
-    assert len(original) == 3 + 3 * 9 + 3 + 2 * (2 + 8 * 3 + 3)
-    for name, tensor in original.items():
-        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
-    theirs = json.loads((imported / "hf" / "config.json").read_text())
     ours = json.loads((tmp_path / "back" / "config.json").read_text())
-    for key in ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "n_group",
-                "topk_group", "routed_scaling_factor", "first_k_dense_replace", "q_lora_rank",
-                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                "moe_intermediate_size", "intermediate_size"):
-        assert ours[key] == theirs[key], key
     for key, value in YARN.items():
         assert ours["rope_parameters"][key] == value, key
 

@@ -98,6 +98,35 @@ def _rope_sections(rope: ConfigJson, where: str) -> dict:
             **{k: v for k, v in optional.items() if v is not None}}
 
 
+def _renamed(config) -> Iterator[tuple[str, str]]:
+    """(megatron's name, transformers' name) of every tensor that maps one to one: the one map
+    both directions read."""
+    yield "embedding.word_embeddings.weight", "model.embed_tokens.weight"
+    yield "decoder.final_layernorm.weight", "model.norm.weight"
+    for layer in range(config.model.num_layers):
+        ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
+        yield ours + "input_layernorm.weight", theirs + "input_layernorm.weight"
+        yield ours + "pre_mlp_layernorm.weight", theirs + "post_attention_layernorm.weight"
+        for hf, mine in _attention_names(config).items():
+            yield f"{ours}{ATTENTION}{mine}.weight", f"{theirs}self_attn.{hf}.weight"
+        if _is_moe(config, layer):
+            yield ours + "mlp.router.weight", theirs + "mlp.gate.weight"
+            yield ours + "mlp.router.expert_bias", theirs + "mlp.gate.e_score_correction_bias"
+
+
+def _swiglus(config) -> Iterator[tuple[str, str]]:
+    """(megatron's prefix, transformers') of every SwiGLU MLP: megatron's fc1 is [gate; up],
+    its fc2 is down_proj."""
+    for layer in range(config.model.num_layers):
+        ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
+        if not _is_moe(config, layer):
+            yield ours + "mlp.", theirs + "mlp."
+            continue
+        for expert in range(config.model.num_experts):
+            yield f"{ours}{EXPERTS}{expert}.", f"{theirs}mlp.experts.{expert}."
+        yield ours + SHARED, theirs + "mlp.shared_experts."
+
+
 class DeepSeekV3HF:
     """The deepseek-mla family's `family.hf`."""
 
@@ -137,57 +166,19 @@ class DeepSeekV3HF:
                 raise UserError(f"{where}: {why}")
 
     def to_hf(self, state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-        m = config.model
-        out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
-               "model.norm.weight": state["decoder.final_layernorm.weight"],
-               **output_layer_to_hf(state, config)}
-        for layer in range(m.num_layers):
-            ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
-            out[theirs + "input_layernorm.weight"] = state[ours + "input_layernorm.weight"]
-            out[theirs + "post_attention_layernorm.weight"] = \
-                state[ours + "pre_mlp_layernorm.weight"]
-            for hf, mine in _attention_names(config).items():
-                out[f"{theirs}self_attn.{hf}.weight"] = state[f"{ours}{ATTENTION}{mine}.weight"]
-            if not _is_moe(config, layer):
-                out.update(_swiglu_to_hf(state[ours + "mlp.linear_fc1.weight"],
-                                         state[ours + "mlp.linear_fc2.weight"], theirs + "mlp."))
-                continue
-            out[theirs + "mlp.gate.weight"] = state[ours + "mlp.router.weight"]
-            out[theirs + "mlp.gate.e_score_correction_bias"] = \
-                state[ours + "mlp.router.expert_bias"]
-            for expert in range(m.num_experts):
-                mine = f"{ours}{EXPERTS}{expert}."
-                out.update(_swiglu_to_hf(state[mine + "linear_fc1.weight"],
-                                         state[mine + "linear_fc2.weight"],
-                                         f"{theirs}mlp.experts.{expert}."))
-            out.update(_swiglu_to_hf(state[ours + SHARED + "linear_fc1.weight"],
-                                     state[ours + SHARED + "linear_fc2.weight"],
-                                     theirs + "mlp.shared_experts."))
+        out = {theirs: state[ours] for ours, theirs in _renamed(config)}
+        out.update(output_layer_to_hf(state, config))
+        for ours, theirs in _swiglus(config):
+            out.update(_swiglu_to_hf(state[ours + "linear_fc1.weight"],
+                                     state[ours + "linear_fc2.weight"], theirs))
         return {name: tensor.contiguous() for name, tensor in out.items()}
 
     def from_hf(self, weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
         """The inverse of `to_hf` (a tied model has no output layer weight of its own)."""
-        m = config.model
-        out = {"embedding.word_embeddings.weight": weights["model.embed_tokens.weight"],
-               "decoder.final_layernorm.weight": weights["model.norm.weight"],
-               **output_layer_from_hf(weights, config)}
-        for layer in range(m.num_layers):
-            ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
-            out[ours + "input_layernorm.weight"] = weights[theirs + "input_layernorm.weight"]
-            out[ours + "pre_mlp_layernorm.weight"] = \
-                weights[theirs + "post_attention_layernorm.weight"]
-            for hf, mine in _attention_names(config).items():
-                out[f"{ours}{ATTENTION}{mine}.weight"] = weights[f"{theirs}self_attn.{hf}.weight"]
-            if not _is_moe(config, layer):
-                out.update(_swiglu_from_hf(weights, theirs + "mlp.", ours + "mlp."))
-                continue
-            out[ours + "mlp.router.weight"] = weights[theirs + "mlp.gate.weight"]
-            out[ours + "mlp.router.expert_bias"] = \
-                weights[theirs + "mlp.gate.e_score_correction_bias"]
-            for expert in range(m.num_experts):
-                out.update(_swiglu_from_hf(weights, f"{theirs}mlp.experts.{expert}.",
-                                           f"{ours}{EXPERTS}{expert}."))
-            out.update(_swiglu_from_hf(weights, theirs + "mlp.shared_experts.", ours + SHARED))
+        out = {ours: weights[theirs] for ours, theirs in _renamed(config)}
+        out.update(output_layer_from_hf(weights, config))
+        for ours, theirs in _swiglus(config):
+            out.update(_swiglu_from_hf(weights, theirs, ours))
         return {name: tensor.contiguous() for name, tensor in out.items()}
 
     def hf_config(self, config, padded_vocab_size: int, tokenizer, dtype: str) -> dict:
