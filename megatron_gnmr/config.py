@@ -280,6 +280,13 @@ class TrainingConfig:
     scaled_dot_product_attention, except local and unfused (megatron's unfused attention)."""
     use_flash_attn: bool = False
     """Megatron's older spelling of --attention-backend flash."""
+    compile: bool = False
+    """torch.compile each transformer layer (training/layer_compile.py); a unit's switch
+    between its paths is a guarded choice of two compiled variants. Local layers only."""
+    quantizer_compile: str = limit("auto", choices=("auto", "on", "off"))
+    """The emulated quantizers through torch.compile, bit for bit the eager ones: auto (GPU
+    tensors of 2^16 elements or more; on the CPU compiling measured no faster), on (all), off
+    (eager). Eager, said once, where torch.compile cannot run."""
     emulated_attention: bool = False
     """Core attention through an explicit flash-attention-style backward (fault studies)."""
     attention_fault_bits: int = limit(0, ge=0, le=10)

@@ -124,6 +124,10 @@ def _validate_attention_backend(config: RunConfig) -> None:
     if chosen == "local" and uses_te:
         raise UserError("--attention-backend local is megatron's own attention, which the "
                         "Transformer Engine layers of --precision-recipe te-fp8 do not use")
+    if t.compile and uses_te:
+        raise UserError("--compile compiles megatron-core's local layers; Transformer Engine's "
+                        "layers (--precision-recipe te-fp8 / te) bring their own fused kernels: "
+                        "drop --compile, or use a local-layer recipe (fp8-torchao, fp8-emulated)")
 
 
 def validate_schedule(config: RunConfig) -> None:

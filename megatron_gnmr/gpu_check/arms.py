@@ -2,9 +2,11 @@
 side by side in rotating order (drift hits every arm alike), and the step component's
 per-step work timed with CUDA-synchronised timers.
 
-Compilation is each transformer layer's forward through `torch.compile` (the unit of issue
-59's opt-in `--compile`, which the command line does not have yet), the same for every arm of
-a group, so FP8 and BF16 are compared under the same compilation. It is an instance attribute
+Compilation is each transformer layer's forward through `torch.compile`, whole, the same for
+every arm of a group, so FP8 and BF16 are compared under the same compilation. (`--compile`,
+training/layer_compile.py, cuts each unit linear out as a region of its own so that the
+controller's switching recompiles nothing; the check times the layers whole, the form
+torchao's float8 speed-ups are documented with.) It is an instance attribute
 over the layer's `forward`, so `eager()` can lift it for the steps whose units' inputs are
 captured by hooks.
 """

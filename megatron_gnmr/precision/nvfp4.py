@@ -20,6 +20,7 @@ outliers over its 16 tokens before the 1x16 quantization along tokens.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -34,10 +35,14 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 
 def quantize_nvfp4(x: torch.Tensor, two_d: bool = False, stochastic: bool = False,
                    generator: torch.Generator | None = None,
-                   tensor_amax: torch.Tensor | None = None) -> torch.Tensor:
+                   tensor_amax: torch.Tensor | None = None,
+                   draws: torch.Tensor | None = None) -> torch.Tensor:
     """Fake-quantize a [..., K] tensor (float32 result): 1x16 blocks along the last
     dimension, or 16x16 blocks of the [rows, K] matrix with `two_d`. `tensor_amax`: the
-    per-tensor amax when x is a shard (reduced over the TP group by the caller)."""
+    per-tensor amax when x is a shard (reduced over the TP group by the caller). `draws`:
+    the stochastic rounding's random integers (`nvfp4_draws`), drawn by a caller that
+    compiles this function (a compiled draw is not the eager generator's); None: drawn
+    here from `generator`."""
     matrix = x.float().reshape(-1, x.shape[-1])
     rows, cols = matrix.shape
     if matrix.numel() == 0:
@@ -63,15 +68,33 @@ def quantize_nvfp4(x: torch.Tensor, two_d: bool = False, stochastic: bool = Fals
     # block scale overflows)
     scaled = blocks * torch.clamp(encode / safe, max=FLOAT32_MAX)
     if stochastic:
-        rounded = stochastic_round(scaled, E2M1, generator)
+        rounded = stochastic_round(scaled, E2M1, generator, draws)
     else:
         rounded = round_to_format_(scaled, E2M1, saturate=True)
     out = torch.where(block_scale > 0, rounded * (safe / encode), torch.zeros_like(rounded))
     return out.reshape(pr, pc)[:rows, :cols].reshape(x.shape)
 
 
+def nvfp4_draws(shape: torch.Size, two_d: bool, generator: torch.Generator | None = None,
+                device=None) -> torch.Tensor:
+    """The random integers `quantize_nvfp4` draws for a tensor of `shape` (its padded blocks'
+    shape), drawn as it draws them: the same generator state gives the same integers."""
+    cols = shape[-1]
+    rows = math.prod(shape[:-1])
+    padded_rows, padded_cols = rows + ((-rows) % BLOCK if two_d else 0), cols + (-cols) % BLOCK
+    blocks = (padded_rows // BLOCK, BLOCK, padded_cols // BLOCK, BLOCK) if two_d else \
+        (padded_rows, padded_cols // BLOCK, BLOCK)
+    return _draw(blocks, E2M1, generator, device)
+
+
+def _draw(shape, fmt: FloatFormat, generator, device) -> torch.Tensor:
+    return torch.randint(0, 2 ** (23 - fmt.mantissa_bits), shape, generator=generator,
+                         dtype=torch.int32, device=device)
+
+
 def stochastic_round(x: torch.Tensor, fmt: FloatFormat,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+                     generator: torch.Generator | None = None,
+                     draws: torch.Tensor | None = None) -> torch.Tensor:
     """Round to a neighbour on `fmt`'s grid with probability 1 - distance / quantum
     (unbiased below the format's max; beyond it, saturate).
 
@@ -84,8 +107,8 @@ def stochastic_round(x: torch.Tensor, fmt: FloatFormat,
     only |x|'s bits under float32's quantum at N, 2^-23 N, are lost to the shift)."""
     magnitude = x.float().abs().clamp_(max=fmt.max_value)
     dropped = 23 - fmt.mantissa_bits
-    draw = torch.randint(0, 2 ** dropped, magnitude.shape, generator=generator,
-                         dtype=torch.int32, device=magnitude.device)
+    draw = draws if draws is not None else \
+        _draw(magnitude.shape, fmt, generator, magnitude.device)
     shift = (magnitude < 2.0 ** fmt.min_exponent).float().mul_(2.0 ** fmt.min_exponent)
     bits = magnitude.add_(shift).view(torch.int32).add_(draw).bitwise_and_(~(2 ** dropped - 1))
     rounded = bits.view(torch.float32).sub_(shift).clamp_(max=fmt.max_value)

@@ -60,6 +60,7 @@ from megatron_gnmr.precision.attention_fault import fault_schedule
 from megatron_gnmr.precision.attention_unit import EmulatedFlashAttention, bind_attention
 from megatron_gnmr.precision.backends import backend as precision_backend
 from megatron_gnmr.precision.plan import PrecisionPlan
+from megatron_gnmr.precision.scaling import set_quantizer_compile
 from megatron_gnmr.precision.unit_costs import RecoveredShare
 from megatron_gnmr.precision.kept_high import kept_high
 from megatron_gnmr.precision.probes import build_probes
@@ -70,6 +71,7 @@ from megatron_gnmr.training.distributed import is_logging_rank
 from megatron_gnmr.training.exit_signals import ExitRequests
 from megatron_gnmr.training.faults import NO_FAULTS, FaultHooks
 from megatron_gnmr.training.finetune import load_base_weights
+from megatron_gnmr.training.layer_compile import CompileLog, compile_layers
 from megatron_gnmr.training.lr_schedule import build_scheduler
 from megatron_gnmr.training.memory_estimate import GIB
 from megatron_gnmr.training.memory_estimate import estimate as estimate_memory
@@ -201,6 +203,10 @@ class Trainer:
         self.attention_fault = fault_schedule(t, config.model.num_layers)
         attention_sums = bind_attention(self.model, units_here, self.plan, config,
                                         self.attention_fault, registry, probes)
+        set_quantizer_compile(t.quantizer_compile)
+        if t.compile:  # after binding: a compiled unit reads its path from the runtime
+            compile_layers(self.model)
+        self.compile_log = CompileLog(t.compile)
         self.controller = Controller(
             config.gnmr, registry, self.model, self.plan,
             expert_parallel=bool(config.model.num_experts), probes=probes, seed=t.seed,
@@ -272,7 +278,8 @@ class Trainer:
         self._run_monitors(step + 1)
         return {"train/loss": loss, "train/grad_norm": outcome.grad_norm,
                 "train/skipped": int(not applied), **spent, **asked,
-                **self.controller.decide(step + 1, self.monitors.alarmed())}
+                **self.controller.decide(step + 1, self.monitors.alarmed()),
+                **self.compile_log.after_step(step + 1)}
 
     def _nonfinite(self, step: int, names: tuple[str, ...]) -> None:
         """A NaN/Inf: reported, never applied. With the controller the unit runs the recovery
