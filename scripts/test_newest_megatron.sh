@@ -33,7 +33,7 @@ exec .venv-newest/bin/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist lo
   tests/test_moe_precision.py tests/distributed/test_moe_recipes.py \
   tests/test_precision_config_file.py tests/test_nvfp4.py tests/test_lora.py \
   tests/test_model_families.py tests/distributed/test_mla.py \
-  tests/test_dist_checkpoint_safety.py tests/test_hf_interop.py \
+  tests/test_dist_checkpoint_safety.py tests/test_hf_interop.py tests/test_hf_families.py \
   tests/distributed/test_dist_checkpoint.py::test_a_same_layout_resume_is_bit_for_bit \
   tests/distributed/test_dist_checkpoint.py::test_a_dp_reshardable_optimizer_refuses_a_tp_change_in_one_line \
   tests/test_cluster_paths.py "$@"
