@@ -29,7 +29,8 @@ def test_every_scenario_is_listed():
                            "attention_ladder", "combined_faults",
                            "deepseek_hierarchy", "frontier_act_quant", "frontier_nvfp4_noise",
                            "frontier_w3a3", "frontier_w4a4", "frontier_w8a2", "lora_int8",
-                           "lr_edge", "lr_edge_pilot", "risk_signals_act_quant",
+                           "lr_edge", "lr_edge_controller", "lr_edge_pilot",
+                           "risk_signals_act_quant",
                            "risk_signals_deepseek", "router_fault"]
 
 
@@ -150,6 +151,28 @@ def test_every_variant_of_the_equal_budget_scenarios_is_a_valid_run(name):
         config = parse_config(flags)
         validate(config, world_size=1)
         assert config.gnmr.budget_rate in (0.125, 0.25)
+
+
+def test_the_lr_edge_controller_decides_after_the_warm_up_unlatched():
+    """lr_edge_controller's design, declared before its runs: every run validates; the
+    controller's arm decides only after the LR warm-up (the pilot's latched rules acted on
+    warm-up transients) and is not latched; the static arm keeps all four core attentions
+    exact; the arms of one LR differ in nothing but the controller and the precision."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.validation import validate
+
+    configs = {variant: parse_config([*flags, "--save", "unused"])
+               for variant, seed, flags in load_scenario("lr_edge_controller").runs(False)
+               if seed == 1}
+    for config in configs.values():
+        validate(config, world_size=1)
+    for lr in ("0.048", "0.096"):
+        gnmr, static = configs[f"gnmr-lr{lr}"], configs[f"attention-exact-lr{lr}"]
+        assert gnmr.gnmr.warmup > gnmr.training.lr_warmup_iters and not gnmr.gnmr.latch
+        assert gnmr.gnmr.max_o == 2 and static.gnmr.max_o == 4
+        assert static.gnmr.signals == "static"
+        assert {configs[f"{arm}-lr{lr}"].training.lr for arm in
+                ("bf16", "fp8", "gnmr", "attention-exact")} == {float(lr)}
 
 
 @pytest.mark.parametrize("name,controlled", [("act_quant_stress", ["gnmr-4/8", "gnmr-3/8"]),
