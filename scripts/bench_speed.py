@@ -12,8 +12,8 @@ every variant alike), the median step time of each:
   within 1.03x), and eager / compiled;
 - with --layers, also torch.compile per layer (--compile), unquantized and FP8.
 
-Then each quantizer size eager against compiled (where `--quantizer-compile auto` starts to
-compile). Sizes: `tiny` (configs/tiny_cpu.yaml: 2 layers x 128, sequence 128) and `8x512`
+Then each quantizer size eager against compiled (whether compiling pays, and from what size:
+`--quantizer-compile auto` compiles GPU tensors from 2^16 elements, CPU tensors never). Sizes: `tiny` (configs/tiny_cpu.yaml: 2 layers x 128, sequence 128) and `8x512`
 (8 layers x 512, 8 heads in 4 groups, sequence 1024, one sequence per step).
 
     .venv/bin/python scripts/bench_speed.py                       # both sizes (CPU: ~30 min)
@@ -130,7 +130,7 @@ def quantizer_sizes(repeats: int) -> dict:
 
     spec, rows = QuantSpec("e4m3"), {}
     print(f"\ne4m3 per-tensor quantizer, eager against compiled (best of {repeats}); "
-          f"auto compiles from {scaling.AUTO_COMPILE_NUMEL} elements")
+          f"auto compiles GPU tensors from {scaling.AUTO_COMPILE_NUMEL} elements")
     print(f"  {'elements':>9s} {'eager ms':>9s} {'compiled ms':>12s} {'eager/compiled':>15s}")
     for power in range(12, 23, 2):
         x = torch.randn(1 << power)
