@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -52,52 +51,17 @@ LAYER_VARIANTS = {
 }
 
 
-def build_trainers(variants: dict[str, list[str]]) -> dict:
-    """One Trainer per variant, all from the same seed, in this process."""
-    from megatron_gnmr.arguments import parse_config
-    from megatron_gnmr.training import distributed
-    from megatron_gnmr.training.loop import Trainer
-
-    configs = {name: parse_config(flags) for name, flags in variants.items()}
-    distributed.initialize(next(iter(configs.values())))
-    trainers = {}
-    for name, config in configs.items():
-        # megatron-core's config records its attention backend in the environment and
-        # refuses another one later in the process: each model decides its own
-        for variable in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
-            os.environ.pop(variable, None)
-        distributed.set_seeds(config.training.seed)
-        trainers[name] = Trainer(config)
-    return trainers
-
-
-def step_times(trainers: dict, steps: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds of each measured step, variants in rotating order. The quantizer compile mode
-    is process-wide: each trainer's own is set before its step."""
-    from megatron_gnmr.precision.scaling import set_quantizer_compile
-
-    seconds = {name: [] for name in trainers}
-    names = list(trainers)
-    for step in range(warmup + steps):
-        for name in names[step % len(names):] + names[: step % len(names)]:
-            trainer = trainers[name]
-            set_quantizer_compile(trainer.config.training.quantizer_compile)
-            start = time.perf_counter()
-            trainer.train_step(step)
-            if step >= warmup:
-                seconds[name].append(time.perf_counter() - start)
-    return seconds
-
-
 def size_table(size: str, steps: int, warmup: int, layers: bool, only: str | None) -> dict:
     variants = {**VARIANTS, **(LAYER_VARIANTS if layers else {})}
     if only == "attention":  # a busy machine's share: the attention pair alone
         variants = {name: flags for name, flags in variants.items() if "attention" in name}
+    from megatron_gnmr.gpu_check.arms import Stepper, build_trainers
+
     trainers = build_trainers({name: [*BASE, *SIZES[size], *flags]
                                for name, flags in variants.items()})
     try:
-        median = {name: statistics.median(times)
-                  for name, times in step_times(trainers, steps, warmup).items()}
+        seconds, _ = Stepper(trainers).side_by_side(list(trainers), steps, warmup)
+        median = {name: statistics.median(times) for name, times in seconds.items()}
     finally:
         for trainer in trainers.values():
             trainer.close()

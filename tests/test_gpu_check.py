@@ -323,21 +323,33 @@ def test_work_timer_times_both_calls_of_a_step_and_comes_off():
 
 
 def test_stepper_rotates_arms_and_leaves_warmup_untimed():
-    calls = []
+    """Arms step in rotating order, warm-up untimed, each under its own quantizer compile
+    mode (a process-wide setting)."""
+    from types import SimpleNamespace
+
+    from megatron_gnmr.precision import scaling
+
+    calls, modes = [], []
 
     class Trainer:
-        def __init__(self, name):
+        def __init__(self, name, mode):
             self.name = name
+            self.config = SimpleNamespace(training=SimpleNamespace(quantizer_compile=mode))
 
         def train_step(self, step):
             calls.append((self.name, step))
+            modes.append((self.name, scaling._compile_mode))
             return {"train/loss": float(step)}
 
-    stepper = Stepper({"a": Trainer("a"), "b": Trainer("b")})
-    seconds, losses = stepper.side_by_side(["a", "b"], steps=2, warmup=1)
+    stepper = Stepper({"a": Trainer("a", "off"), "b": Trainer("b", "on")})
+    try:
+        seconds, losses = stepper.side_by_side(["a", "b"], steps=2, warmup=1)
+    finally:
+        scaling.set_quantizer_compile("auto")
     assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
     assert len(seconds["a"]) == 2 and losses["b"] == [0.0, 1.0, 2.0]
     assert stepper.next_step == {"a": 3, "b": 3}
+    assert set(modes) == {("a", "off"), ("b", "on")}
 
 
 def test_compiled_layers_can_run_eager_for_a_while():

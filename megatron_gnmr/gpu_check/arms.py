@@ -14,6 +14,7 @@ captured by hooks.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import torch
@@ -35,6 +36,10 @@ def build_trainers(flags: dict[str, list[str]]) -> dict:
     distributed.initialize(next(iter(configs.values())))
     trainers = {}
     for name, config in configs.items():
+        # megatron-core records a model's attention backend in NVTE_*_ATTN and asserts that
+        # a later model agrees: each arm decides its own, as a process of its own would
+        for variable in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
+            os.environ.pop(variable, None)
         distributed.set_seeds(config.training.seed)
         trainers[name] = Trainer(config)
     return trainers
@@ -79,7 +84,11 @@ class Stepper:
         self.next_step = dict.fromkeys(trainers, 0)
 
     def step(self, name: str) -> tuple[float, float]:
-        """(seconds, loss) of `name`'s next training step."""
+        """(seconds, loss) of `name`'s next training step. The emulated quantizers' compile
+        mode is process-wide: each trainer's own is set before its step."""
+        from megatron_gnmr.precision.scaling import set_quantizer_compile
+
+        set_quantizer_compile(self.trainers[name].config.training.quantizer_compile)
         synchronize()
         start = time.perf_counter()
         metrics = self.trainers[name].train_step(self.next_step[name])
