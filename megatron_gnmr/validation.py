@@ -6,9 +6,10 @@ written. Single-field rules (ranges, finiteness) live in the config dataclasses 
 
 from __future__ import annotations
 
+import os
 import re
 
-from megatron_gnmr import input_files
+from megatron_gnmr import attention_environment, input_files
 from megatron_gnmr.checkpoints.formats import checkpoint_format
 from megatron_gnmr.config import RunConfig, flag_name
 from megatron_gnmr.errors import UserError
@@ -120,6 +121,14 @@ def _validate_attention_backend(config: RunConfig) -> None:
         raise UserError(f"--use-flash-attn asks for flash attention, --attention-backend "
                         f"{t.attention_backend} for another; give one of them")
     chosen = "flash" if t.use_flash_attn else t.attention_backend
+    wrong = attention_environment.disagreements(chosen)
+    if wrong:
+        found = ", ".join(f"{name}={os.environ[name]}" for name in wrong)
+        wants = ", ".join(f"{name}={value}" for name, value in wrong.items())
+        raise UserError(f"{found} in the environment disagrees with --attention-backend "
+                        f"{chosen}: megatron-core sets {wants} for it and refuses another "
+                        f"value. Unset {', '.join(attention_environment.VARIABLES)} and choose "
+                        "the attention with --attention-backend")
     uses_te = backend(config.precision).transformer_engine_layers
     if chosen == "local" and uses_te:
         raise UserError("--attention-backend local is megatron's own attention, which the "

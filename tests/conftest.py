@@ -36,12 +36,17 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _environment_as_found():
-    """Each test leaves the environment as it found it, as a process of its own would (a
-    module-scoped fixture's changes outlive its tests: megatron-core's model sets
-    NVTE_*_ATTN for its attention backend, and `pretrain_in_process` clears them)."""
+    """Each test leaves the environment as it found it, as a process of its own would, and
+    starts without megatron-core's record of an attention backend: a model that a
+    module-scoped fixture built in this process leaves NVTE_*_ATTN behind, which would decide
+    the backend of the test's own models and of every training process it launches (megatron
+    refuses a value that disagrees; the launches' validation names it)."""
     import os
 
+    from megatron_gnmr import attention_environment
+
     before = dict(os.environ)
+    attention_environment.forget()
     yield
     os.environ.clear()
     os.environ.update(before)

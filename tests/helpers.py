@@ -159,15 +159,13 @@ def pretrain_in_process(args: list[str]) -> int:
         sys.path.insert(0, str(REPO))
     from pretrain_llama import main
 
+    from megatron_gnmr import attention_environment
     from megatron_gnmr.training import distributed
 
-    # megatron-core's model sets NVTE_{FLASH,FUSED,UNFUSED}_ATTN for its attention backend
-    # and asserts that any value already there agrees: a model built earlier in this
-    # process (a module-scoped fixture, another run) must not decide this run's backend.
-    # A launch starts without them; so does this run, and it leaves the environment as found.
+    # a model built earlier in this process (another run) must not decide this run's
+    # attention backend: a launch starts without its record, and so does this run
     before = dict(os.environ)
-    for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
-        os.environ.pop(name, None)
+    attention_environment.forget()
     try:
         main(args)
         return 0

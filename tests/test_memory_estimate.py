@@ -49,15 +49,6 @@ def test_parameters_equal_the_built_model(world_of_one, flags):
     assert estimate(config, 1).parameters == count_parameters(model)
 
 
-@pytest.fixture(autouse=True)
-def _attention_backend_as_a_launch_finds_it(monkeypatch):
-    """megatron-core sets NVTE_{FLASH,FUSED,UNFUSED}_ATTN for a model's attention backend and
-    (0.19) asserts that any value already there agrees: a model another test file built in
-    this process must not decide the backend of the models built here."""
-    for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def _saved_bytes(config) -> int:
     """Bytes of the distinct storages autograd saves in one training forward (weights
     excluded)."""

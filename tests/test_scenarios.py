@@ -7,7 +7,7 @@ import pytest
 from megatron_gnmr.experiments.runner import reproduce
 from megatron_gnmr.experiments.scenario import available, load_scenario
 from megatron_gnmr.experiments.tables import divergence_step
-from tests.helpers import read_jsonl, train_losses
+from tests.helpers import TINY, read_jsonl, train_losses
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +57,21 @@ def test_the_lora_scenario_is_valid_runs_from_one_base():
             assert config.gnmr.budget_rate == 0.125
 
 
+def test_a_failed_run_is_reported_with_its_logs_last_line(tmp_path):
+    """The reason travels with the error (a CI report keeps the message, not the log)."""
+    from megatron_gnmr.experiments.runner import run_one
+
+    with pytest.raises(RuntimeError) as caught:
+        run_one(tmp_path / "bad-seed1", [*TINY, "--train-iters", "4", "--num-layers", "-1"])
+    message = str(caught.value)
+    assert "run bad-seed1 failed (2): error:" in message and "--num-layers" in message, message
+    assert not (tmp_path / "bad-seed1" / "summary.json").exists()
+
+
 def test_reproduce_pretrains_once_then_evaluates_every_run(tmp_path):
     """The runner's base run and evaluation, on a tiny scenario of two fine-tunes."""
     from megatron_gnmr.experiments.runner import CACHE_DIR
     from megatron_gnmr.experiments.scenario import Scenario
-    from tests.helpers import TINY
 
     scenario = Scenario(
         "tiny_lora", "a base and two LoRA fine-tunes", [

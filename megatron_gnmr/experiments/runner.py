@@ -39,6 +39,13 @@ def _run_logged(command: list[str], log: Path) -> int:
                               env=env, cwd=REPO).returncode
 
 
+def _last_line(log: Path) -> str:
+    """The log's last line: a crash's exception, where a run's failure shows first (a CI
+    machine's report keeps the message, not the log)."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(its log is empty)"
+
+
 def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None,
             evaluate_exact: bool = False) -> dict:
     """One run (skipped if its summary exists), then its evaluations (skipped likewise)."""
@@ -51,7 +58,8 @@ def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None,
         record_provenance(run_dir, command)
         code = _run_logged(command, log)
         if code not in (0, 3):  # 3: the run stopped itself (recorded, not a crash)
-            raise RuntimeError(f"run {run_dir.name} failed ({code}); see {log}")
+            raise RuntimeError(f"run {run_dir.name} failed ({code}): {_last_line(log)}; "
+                               f"see {log}")
     summary_path = run_dir / "summary.json"
     for exact in (False, True) if evaluate_exact else (False,):
         if evaluate is None or not summary_path.is_file() or \
@@ -60,7 +68,8 @@ def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None,
         code = _run_logged(["-m", "megatron_gnmr.cli", "evaluate", str(run_dir), *evaluate,
                             *(["--exact"] if exact else [])], log)
         if code != 0:
-            raise RuntimeError(f"the evaluation of {run_dir.name} failed ({code}); see {log}")
+            raise RuntimeError(f"the evaluation of {run_dir.name} failed ({code}): "
+                               f"{_last_line(log)}; see {log}")
     return json.loads(summary_path.read_text()) if summary_path.is_file() else {}
 
 

@@ -14,7 +14,6 @@ captured by hooks.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import torch
@@ -28,6 +27,7 @@ def synchronize() -> None:
 
 def build_trainers(flags: dict[str, list[str]]) -> dict:
     """A Trainer per arm (pretrain flags), each built from the run's seed."""
+    from megatron_gnmr import attention_environment
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.loop import Trainer
@@ -36,10 +36,7 @@ def build_trainers(flags: dict[str, list[str]]) -> dict:
     distributed.initialize(next(iter(configs.values())))
     trainers = {}
     for name, config in configs.items():
-        # megatron-core records a model's attention backend in NVTE_*_ATTN and asserts that
-        # a later model agrees: each arm decides its own, as a process of its own would
-        for variable in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
-            os.environ.pop(variable, None)
+        attention_environment.forget()  # each arm decides its own, as a launch would
         distributed.set_seeds(config.training.seed)
         trainers[name] = Trainer(config)
     return trainers
