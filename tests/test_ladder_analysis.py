@@ -7,7 +7,7 @@ import pytest
 
 from megatron_gnmr.experiments.closed_loop_statistics import sign_test_one_sided
 from megatron_gnmr.experiments.detection import Row
-from megatron_gnmr.experiments.ladder import choose_for_held_out, lethality
+from megatron_gnmr.experiments.ladder import choose_for_held_out, killing_rungs, lethality
 from megatron_gnmr.experiments.lr_edge import judge
 
 
@@ -46,6 +46,22 @@ def test_lethality_counts_death_and_harm_at_each_margin():
     assert result["judged"] == 3 and result["died"] == 1
     assert result["lethal_at_exact"] == 2  # died; +0.05 > 0.02; +0.015 is not
     assert result["lethal_at_healthy"] == 1  # only the death at 0.06
+
+
+def test_the_rungs_that_kill_are_chosen_at_the_larger_margin():
+    """A rung harmed by +0.03 on 2 of 3 seeds kills at a 0.02 margin, not at 0.06: the choice
+    goes with the larger, whichever of the two it is."""
+    exact = {s: {"diverged_at": None, "final_train_loss": 4.0} for s in (1, 2, 3)}
+    table = {"exact-attention": exact,
+             "twin-harm": {s: {"diverged_at": None, "final_train_loss": 4.0 + g}
+                           for s, g in ((1, 0.03), (2, 0.03), (3, 0.0))},
+             "twin-dies": {s: {"diverged_at": 500 if s < 3 else None, "final_train_loss": 4.0}
+                           for s in (1, 2, 3)}}
+    for margins, chosen in (({"exact": 0.02, "healthy": 0.06}, ["dies"]),
+                            ({"exact": 0.06, "healthy": 0.02}, ["dies"]),
+                            ({"exact": 0.02, "healthy": 0.01}, ["harm", "dies"])):
+        rungs = {rung: lethality(table, rung, margins) for rung in ("harm", "dies")}
+        assert killing_rungs(rungs, margins) == chosen, margins
 
 
 def _row(label, family, early, dying, fired, lead=None):
