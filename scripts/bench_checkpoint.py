@@ -1,4 +1,4 @@
-"""Checkpoint save and load at DP 2 (torchrun, 2 processes), side by side in one invocation:
+"""Checkpoint save and load at DP 2 (torchrun, 2 processes), side by side in one launch:
 the torch format, torch_dist written synchronously, and torch_dist with --async-save. Per
 form: bytes per checkpoint, the seconds the training loop stood still for a save (the
 `checkpoint` event's `loop_seconds`: all of the save when synchronous; when async, the
@@ -37,12 +37,18 @@ FORMS = {"torch": ["--ckpt-format", "torch"], "torch_dist": ["--ckpt-format", "t
          "torch_dist async": ["--ckpt-format", "torch_dist", "--async-save"]}
 
 
-def _launch(args: list[str]) -> None:
+def _launch(runs: list[list[str]]) -> None:
+    """Every run in one torchrun launch, one after another (training/in_sequence.py): the
+    measured seconds are the runs' own events, so the launch's start is paid once, not per
+    run."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    result = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2",
-                             str(REPO / "pretrain_llama.py"), *args], cwd=REPO,
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+        json.dump(runs, file)
+    result = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m",
+                             "megatron_gnmr.training.in_sequence", file.name], cwd=REPO,
                             env=dict(os.environ, OMP_NUM_THREADS="1"),
                             capture_output=True, text=True)
+    os.unlink(file.name)
     if result.returncode != 0:
         raise SystemExit(result.stderr[-3000:])
 
@@ -52,14 +58,15 @@ def _events(run: Path, name: str) -> list[dict]:
     return [r for r in records if r.get("event") == name]
 
 
-def measure(form: str, root: Path, model: list[str]) -> dict:
-    """The save of step 2 (of 4) and a load (the run stops after step 3, as a preempted
-    job does, and resumes to step 4: the same run, which every checkpoint form accepts)."""
-    run = root / form.replace(" ", "_")
+def runs(form: str, run: Path, model: list[str]) -> list[list[str]]:
+    """The save of step 2 (of 4) and a load: the run stops after step 3, as a preempted job
+    does, and resumes to step 4 (the same run, which every checkpoint form accepts)."""
     common = [*model, *FORMS[form], "--save", str(run), "--train-iters", "4",
               "--save-interval", "2"]
-    _launch([*common, "--exit-interval", "3"])
-    _launch([*common, "--resume", "auto"])
+    return [[*common, "--exit-interval", "3"], [*common, "--resume", "auto"]]
+
+
+def measured(run: Path) -> dict:
     saved = _events(run, "checkpoint")[0]
     return {"bytes": saved["bytes"], "loop_s": saved.get("loop_seconds", saved["seconds"]),
             "published_s": saved["seconds"], "load_s": _events(run, "resumed")[-1]["seconds"]}
@@ -80,13 +87,14 @@ def main() -> None:
     args = parser.parse_args()
     model = [*SIZES[args.size], *RUN,
              *(["--use-distributed-optimizer"] if args.distributed_optimizer else [])]
-    samples = {form: [] for form in FORMS}
     with tempfile.TemporaryDirectory() as scratch:
-        for repeat in range(args.repeats):  # interleaved: every form sees the same machine
-            for form in samples:
-                print(f"bench_checkpoint: repeat {repeat + 1}/{args.repeats}, {form}",
-                      file=sys.stderr)
-                samples[form].append(measure(form, Path(scratch) / f"r{repeat}", model))
+        # interleaved: every form sees the same machine
+        dirs = [(form, Path(scratch) / f"r{repeat}" / form.replace(" ", "_"))
+                for repeat in range(args.repeats) for form in FORMS]
+        print(f"bench_checkpoint: {len(dirs) * 2} runs ({args.repeats} repeats of "
+              f"{len(FORMS)} forms, a stop and a resume each) in one launch", file=sys.stderr)
+        _launch([argv for form, run in dirs for argv in runs(form, run, model)])
+        samples = {form: [measured(run) for f, run in dirs if f == form] for form in FORMS}
     median = {form: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
               for form, runs in samples.items()}
     host = host_bytes(model)

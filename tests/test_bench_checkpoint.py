@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import LAUNCH_TIMEOUT_S, REPO
 
-pytestmark = pytest.mark.slow  # six torchrun launches
+pytestmark = pytest.mark.slow  # a torchrun launch of six runs
 
 VOCABULARY = 4096  # the prepared Shakespeare corpus's tokenizer (a multiple of 128: no padding)
 

@@ -88,11 +88,10 @@ def resumed(tmp_path_factory):
               + [planted("tp2_to_tp1", "reshard_misplaced", "misplaced")]
               + [planted(c, "optimizer_state_misplaced", "optimizer_misplaced")
                  for c in OPTIMIZER_MISPLACED if c not in WORLD_OF_ONE], nproc=2)
-    for case in WORLD_OF_ONE:
-        run_pretrain([*_args(case, 1, root / case / "resumed", full), "--resume", "auto"],
-                     new_process=True)
-    run_batch([planted(c, "optimizer_state_misplaced", "optimizer_misplaced")
-               for c in OPTIMIZER_MISPLACED if c in WORLD_OF_ONE], nproc=1)
+    run_batch([[*_args(c, 1, root / c / "resumed", full), "--resume", "auto"]
+               for c in WORLD_OF_ONE]
+              + [planted(c, "optimizer_state_misplaced", "optimizer_misplaced")
+                 for c in OPTIMIZER_MISPLACED if c in WORLD_OF_ONE], nproc=1)
     return root
 
 
