@@ -66,3 +66,15 @@ def test_a_test_starts_without_an_earlier_models_record(model_built_earlier):
     """conftest's `_environment_as_found`: the training processes a test launches inherit its
     environment, and megatron-core refuses a record that disagrees with their backend."""
     assert not set(attention_environment.VARIABLES) & set(os.environ)
+
+
+def test_runs_in_one_process_each_decide_their_attention(tmp_path):
+    """training/in_sequence.py forgets the record between runs: a local-attention run after
+    an auto one (whose model wrote 1s) trains instead of being refused."""
+    from megatron_gnmr.training.in_sequence import run_in_sequence
+
+    run_in_sequence([[*TINY, "--train-iters", "2", "--lr-warmup-iters", "1",
+                      "--attention-backend", backend, "--save", str(tmp_path / backend)]
+                     for backend in ("auto", "local")])
+    for backend in ("auto", "local"):
+        assert (tmp_path / backend / "latest_checkpointed_iteration.txt").read_text() == "2"
