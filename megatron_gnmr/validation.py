@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import re
 
-from megatron_gnmr import attention_environment, input_files
+from megatron_gnmr import input_files
 from megatron_gnmr.checkpoints.formats import checkpoint_format
 from megatron_gnmr.config import RunConfig, flag_name
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.monitors.detectors import DETECTORS
 from megatron_gnmr.monitors.families import FAMILIES, parse_families
+from megatron_gnmr.platform import attention_environment
 from megatron_gnmr.precision.checks import check_precision
 from megatron_gnmr.training.run_directory import check_run_directory
 

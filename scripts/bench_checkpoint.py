@@ -38,14 +38,14 @@ FORMS = {"torch": ["--ckpt-format", "torch"], "torch_dist": ["--ckpt-format", "t
 
 
 def _launch(runs: list[list[str]]) -> None:
-    """Every run in one torchrun launch, one after another (training/in_sequence.py): the
+    """Every run in one torchrun launch, one after another (experiments/in_sequence.py): the
     measured seconds are the runs' own events, so the launch's start is paid once, not per
     run."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         json.dump(runs, file)
     result = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m",
-                             "megatron_gnmr.training.in_sequence", file.name], cwd=REPO,
+                             "megatron_gnmr.experiments.in_sequence", file.name], cwd=REPO,
                             env=dict(os.environ, OMP_NUM_THREADS="1"),
                             capture_output=True, text=True)
     os.unlink(file.name)

@@ -43,7 +43,7 @@ def _environment_as_found():
     refuses a value that disagrees; the launches' validation names it)."""
     import os
 
-    from megatron_gnmr import attention_environment
+    from megatron_gnmr.platform import attention_environment
 
     before = dict(os.environ)
     attention_environment.forget()

@@ -159,7 +159,7 @@ def pretrain_in_process(args: list[str]) -> int:
         sys.path.insert(0, str(REPO))
     from pretrain_llama import main
 
-    from megatron_gnmr import attention_environment
+    from megatron_gnmr.platform import attention_environment
     from megatron_gnmr.training import distributed
 
     # a model built earlier in this process (another run) must not decide this run's

@@ -9,7 +9,7 @@ import pytest
 from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.transformer.enums import AttnBackend
 
-from megatron_gnmr import attention_environment
+from megatron_gnmr.platform import attention_environment
 from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.errors import UserError
 from megatron_gnmr.validation import validate
@@ -69,9 +69,9 @@ def test_a_test_starts_without_an_earlier_models_record(model_built_earlier):
 
 
 def test_runs_in_one_process_each_decide_their_attention(tmp_path):
-    """training/in_sequence.py forgets the record between runs: a local-attention run after
+    """experiments/in_sequence.py forgets the record between runs: a local-attention run after
     an auto one (whose model wrote 1s) trains instead of being refused."""
-    from megatron_gnmr.training.in_sequence import run_in_sequence
+    from megatron_gnmr.experiments.in_sequence import run_in_sequence
 
     run_in_sequence([[*TINY, "--train-iters", "2", "--lr-warmup-iters", "1",
                       "--attention-backend", backend, "--save", str(tmp_path / backend)]

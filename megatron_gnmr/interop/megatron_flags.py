@@ -163,7 +163,11 @@ RULES: dict[str, Rule] = {
     "--no-gradient-accumulation-fusion": same(),
     "--attention-backend": same("flash, fused, unfused: Transformer Engine's kernels with "
                                 "its layers; with local layers torch's SDPA runs (megatron's "
-                                "own attention for local and unfused; a notice says so)"),
+                                "own attention for local and unfused; a notice says so). "
+                                "megatron-core writes NVTE_FLASH_ATTN/NVTE_FUSED_ATTN/"
+                                "NVTE_UNFUSED_ATTN for the backend and refuses a value "
+                                "already in the environment that disagrees: a launch "
+                                "finding one is refused in one line naming it"),
     "--use-flash-attn": same(),
     "--recompute-activations": becomes("--recompute-granularity selective",
                                        lambda v: ["--recompute-granularity", "selective"]),

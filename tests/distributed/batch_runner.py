@@ -1,5 +1,5 @@
 """Run several training configs one after another in ONE launch (torchrun or plain python):
-`megatron_gnmr.training.in_sequence`, where an entry may also be {"argv": [...], "defect":
+`megatron_gnmr.experiments.in_sequence`, where an entry may also be {"argv": [...], "defect":
 NAME}: the run with one of `defects.py`'s planted defects, for the tests that show a
 comparison can fail.
 
@@ -12,7 +12,7 @@ import sys
 
 
 def main(path: str) -> None:
-    from megatron_gnmr.training.in_sequence import run_in_sequence
+    from megatron_gnmr.experiments.in_sequence import run_in_sequence
     from tests.distributed.defects import DEFECTS
 
     entries = json.loads(open(path).read())

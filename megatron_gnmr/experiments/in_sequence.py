@@ -5,7 +5,7 @@ Megatron's model-parallel state is rebuilt for each run (runs of one world size 
 layout), and megatron-core's record of the attention backend is forgotten between them, so
 each run decides its own as a launch of its own would. A run's failure ends the sequence.
 
-    torchrun --nproc_per_node=2 -m megatron_gnmr.training.in_sequence RUNS.json
+    torchrun --nproc_per_node=2 -m megatron_gnmr.experiments.in_sequence RUNS.json
 
 RUNS.json: a list of argv lists, as `pretrain_llama.py` takes them.
 """
@@ -25,7 +25,7 @@ def run_in_sequence(argvs: Sequence[list[str]],
     training (a test's planted defect)."""
     from megatron.core import parallel_state
 
-    from megatron_gnmr import attention_environment
+    from megatron_gnmr.platform import attention_environment
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.config import launch_world_size
     from megatron_gnmr.platform import quiet_known_warnings
