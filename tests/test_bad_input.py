@@ -368,15 +368,8 @@ THROUGH_THE_ENTRY_POINT = {
                                        "{root}/not_records"], "holds no step records"),
     "finetune_base_other_shape": (["--finetune", "--load", "{root}/run", "--hidden-size",
                                    "128", "--save", "{root}/ft"], "--hidden-size"),
-}
-# As a user launches it (a new process): a few of the above, to prove the real command prints
-# them the same way.
-END_TO_END = {
-    "e2e_truncated_checkpoint": (["--load", "{root}/truncated"], "truncated"),
-    "e2e_nan_lr": (["--lr", "nan"], "--lr"),
-    # Megatron-LM's command line (interop/megatron_flags.py) and its data forms
-    "megatron_feature_refused": (["--context-parallel-size", "2", "--fp16"],
-                                 "--context-parallel-size 2"),
+    # Megatron-LM's command line (interop/megatron_flags.py), its data forms and the input
+    # files: refused by the same entry point as the launches below, without a launch each
     "megatron_family_disagrees": (["--normalization", "LayerNorm"], "RMSNorm"),
     "megatron_fp8_without_te": (["--fp8-format", "hybrid"], "fp8-emulated"),
     "megatron_bad_choice": (["--lr-decay-style", "exponential"], "--lr-decay-style"),
@@ -393,8 +386,6 @@ END_TO_END = {
                                f"{DATA}/text_document"], "negative"),
     "blend_prefix_missing_idx": (["--data-path", "1", f"{DATA}/text_document", "1",
                                   "{root}/only_bin/text_document"], ".idx"),
-    "blend_dtype_mismatch": (["--data-path", "{root}/wrong_dtype/text_document"],
-                             "index describes"),
     "tokenizer_vocab_below_data": (["--data-path", f"{DATA}/text_document",
                                     "--tokenizer-type", "HuggingFaceTokenizer",
                                     "--tokenizer-model", str(REPO / "tests" / "fixtures" /
@@ -408,10 +399,23 @@ END_TO_END = {
     "per_split_without_valid": (["--train-data-path", f"{DATA}/text_document"],
                                 "--valid-data-path"),
     "mock_data_without_tokenizer": (["--mock-data"], "NullTokenizer"),
+    "units_bad_regex": (["--gnmr", "--gnmr-units", "("], "--gnmr-units"),
+}
+# As a user launches it (a new process): a few of the above, to prove the real command prints
+# them the same way.
+# Launched as a user launches, a process of its own: one mistake of each kind of input (a
+# checkpoint, a number, Megatron-LM's command line, data, a tokenizer, a YAML file), so the
+# exit status, the one line and no traceback hold for a real process.
+END_TO_END = {
+    "e2e_truncated_checkpoint": (["--load", "{root}/truncated"], "truncated"),
+    "e2e_nan_lr": (["--lr", "nan"], "--lr"),
+    "megatron_feature_refused": (["--context-parallel-size", "2", "--fp16"],
+                                 "--context-parallel-size 2"),
+    "blend_dtype_mismatch": (["--data-path", "{root}/wrong_dtype/text_document"],
+                             "index describes"),
     "hf_tokenizer_missing": (["--data-path", f"{DATA}/text_document", "--tokenizer-type",
                               "HuggingFaceTokenizer", "--tokenizer-model", "{root}/a_file"],
                              "tokenizer"),
-    "e2e_bad_regex": (["--gnmr", "--gnmr-units", "("], "--gnmr-units"),
     "e2e_unknown_yaml_key": (["--config", "{root}/unknown_key.yaml"], "model.num_layer"),
 }
 
