@@ -25,10 +25,9 @@ def run_in_sequence(argvs: Sequence[list[str]],
     training (a test's planted defect)."""
     from megatron.core import parallel_state
 
-    from megatron_gnmr.platform import attention_environment
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.config import launch_world_size
-    from megatron_gnmr.platform import quiet_known_warnings
+    from megatron_gnmr.platform import attention_environment, quiet_known_warnings
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.loop import Trainer
     from megatron_gnmr.validation import validate

@@ -27,8 +27,8 @@ def synchronize() -> None:
 
 def build_trainers(flags: dict[str, list[str]]) -> dict:
     """A Trainer per arm (pretrain flags), each built from the run's seed."""
-    from megatron_gnmr.platform import attention_environment
     from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.platform import attention_environment
     from megatron_gnmr.training import distributed
     from megatron_gnmr.training.loop import Trainer
 
