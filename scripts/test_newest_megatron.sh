@@ -9,7 +9,8 @@
 # torch_dist checkpoint (safety, megatron-core's own loader, a bit-exact resume at TP=2 with
 # the distributed optimizer, written asynchronously, and the DP-reshardable form's refusal of
 # a TP change), the cluster paths faked on the CPU (TE's FusedAdam at a resume, the tools
-# without gradient buffers) and Hugging Face export/import against transformers.
+# without gradient buffers), Hugging Face export/import against transformers, and the
+# NVTE_*_ATTN values megatron-core writes for an attention backend (read from its own method).
 # megatron-core 0.19.2 asks for Python >= 3.12; on 3.11 it installs with
 # --ignore-requires-python plus a numpy that still supports 3.11 and triton (one unguarded
 # import in megatron/core/transformer/moe/ops/paged_stash.py). Called by run_tests.sh.
@@ -36,4 +37,4 @@ exec .venv-newest/bin/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist lo
   tests/test_dist_checkpoint_safety.py tests/test_hf_interop.py tests/test_hf_families.py \
   tests/distributed/test_dist_checkpoint.py::test_a_same_layout_resume_is_bit_for_bit \
   tests/distributed/test_dist_checkpoint.py::test_a_dp_reshardable_optimizer_refuses_a_tp_change_in_one_line \
-  tests/test_cluster_paths.py "$@"
+  tests/test_cluster_paths.py tests/test_attention_environment.py "$@"
