@@ -9,9 +9,9 @@ import pytest
 from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.transformer.enums import AttnBackend
 
-from megatron_gnmr.platform import attention_environment
 from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.errors import UserError
+from megatron_gnmr.platform import attention_environment
 from megatron_gnmr.validation import validate
 from tests.helpers import TINY
 

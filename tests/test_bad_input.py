@@ -401,8 +401,6 @@ THROUGH_THE_ENTRY_POINT = {
     "mock_data_without_tokenizer": (["--mock-data"], "NullTokenizer"),
     "units_bad_regex": (["--gnmr", "--gnmr-units", "("], "--gnmr-units"),
 }
-# As a user launches it (a new process): a few of the above, to prove the real command prints
-# them the same way.
 # Launched as a user launches, a process of its own: one mistake of each kind of input (a
 # checkpoint, a number, Megatron-LM's command line, data, a tokenizer, a YAML file), so the
 # exit status, the one line and no traceback hold for a real process.
