@@ -6,7 +6,6 @@ written. Single-field rules (ranges, finiteness) live in the config dataclasses 
 
 from __future__ import annotations
 
-import os
 import re
 
 from megatron_gnmr import input_files
@@ -124,8 +123,8 @@ def _validate_attention_backend(config: RunConfig) -> None:
     chosen = "flash" if t.use_flash_attn else t.attention_backend
     wrong = attention_environment.disagreements(chosen)
     if wrong:
-        found = ", ".join(f"{name}={os.environ[name]}" for name in wrong)
-        wants = ", ".join(f"{name}={value}" for name, value in wrong.items())
+        found = ", ".join(f"{name}={value}" for name, (value, _) in wrong.items())
+        wants = ", ".join(f"{name}={value}" for name, (_, value) in wrong.items())
         raise UserError(f"{found} in the environment disagrees with --attention-backend "
                         f"{chosen}: megatron-core sets {wants} for it and refuses another "
                         f"value. Unset {', '.join(attention_environment.VARIABLES)} and choose "

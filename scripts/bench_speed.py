@@ -13,8 +13,9 @@ every variant alike), the median step time of each:
 - with --layers, also torch.compile per layer (--compile), unquantized and FP8.
 
 Then each quantizer size eager against compiled (whether compiling pays, and from what size:
-`--quantizer-compile auto` compiles GPU tensors from 2^16 elements, CPU tensors never). Sizes: `tiny` (configs/tiny_cpu.yaml: 2 layers x 128, sequence 128) and `8x512`
-(8 layers x 512, 8 heads in 4 groups, sequence 1024, one sequence per step).
+`--quantizer-compile auto` compiles GPU tensors from 2^16 elements, CPU tensors never).
+Sizes: `tiny` (configs/tiny_cpu.yaml: 2 layers x 128, sequence 128) and `8x512` (8 layers x
+512, 8 heads in 4 groups, sequence 1024, one sequence per step).
 
     .venv/bin/python scripts/bench_speed.py                       # both sizes (CPU: ~30 min)
     .venv/bin/python scripts/bench_speed.py --sizes tiny --steps 2 --warmup 1   # a smoke run
@@ -52,11 +53,11 @@ LAYER_VARIANTS = {
 
 
 def size_table(size: str, steps: int, warmup: int, layers: bool, only: str | None) -> dict:
+    from megatron_gnmr.gpu_check.arms import Stepper, build_trainers
+
     variants = {**VARIANTS, **(LAYER_VARIANTS if layers else {})}
     if only == "attention":  # a busy machine's share: the attention pair alone
         variants = {name: flags for name, flags in variants.items() if "attention" in name}
-    from megatron_gnmr.gpu_check.arms import Stepper, build_trainers
-
     trainers = build_trainers({name: [*BASE, *SIZES[size], *flags]
                                for name, flags in variants.items()})
     try:

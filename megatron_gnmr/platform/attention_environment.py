@@ -23,10 +23,11 @@ WRITTEN = {"local": (0, 0, 0), "flash": (1, 0, 0), "fused": (0, 1, 0), "unfused"
            "auto": (1, 1, 1)}
 
 
-def disagreements(backend: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The variables set in `environ` to a value megatron-core would refuse for `backend`
-    (name -> the value it would write)."""
-    return {name: str(value) for name, value in zip(VARIABLES, WRITTEN[backend])
+def disagreements(backend: str,
+                  environ: Mapping[str, str] = os.environ) -> dict[str, tuple[str, str]]:
+    """The variables set in `environ` to a value megatron-core would refuse for `backend`:
+    name -> (the value found, the value it would write)."""
+    return {name: (environ[name], str(value)) for name, value in zip(VARIABLES, WRITTEN[backend])
             if environ.get(name) not in (None, str(value))}
 
 
