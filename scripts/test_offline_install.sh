@@ -5,7 +5,7 @@
 # from its corpus archive, three training steps. Then the install broken on purpose: a
 # requirement removed must fail the install check by name, and a pip failure must stop
 # setup_env.sh with pip's message and no "installed" stamp. About 3 minutes; run by
-# scripts/run_tests.sh (full tier). Prints the wheelhouse's size.
+# scripts/run_tests.sh (the test command). Prints the wheelhouse's size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)

@@ -35,7 +35,7 @@ OTHER_TOOLS = {"--log_samples",
                "--nodes", "--signal", "--requeue", "--overlap", "--ntasks-per-node",
                "--gpus-per-node",
                "--kill-on-bad-exit", "--time", "--gres", "--no-index", "--find-links",
-               "--system-site-packages", "--dist", "--durations", "--summary", "--fast",
+               "--system-site-packages", "--dist", "--durations", "--summary",
                "--entity", "--project", "--from-spec", "--offline", "--help",
                "--ignore-requires-python", "--no-deps", "--no-build-isolation", "-m"}
 
@@ -60,12 +60,15 @@ def _pretrain_flags() -> set[str]:
 
 def _script_flags() -> set[str]:
     """Flags our scripts declare (scripts/*.py's argparse, the shell scripts' own tests of
-    their first argument such as `[ "${1:-}" = "--smoke" ]`)."""
+    their first argument such as `[ "${1:-}" = "--smoke" ]` or a case arm `--fast|--heavy)`)."""
     found = set()
     for path in (REPO / "scripts").rglob("*.py"):
         found |= set(re.findall(r"add_argument\(\s*\"(--[a-z0-9-]+)\"", path.read_text()))
     for path in (REPO / "scripts").rglob("*.sh"):
-        found |= set(re.findall(r"\$\{?1[^ ]*\s*=\s*\"(--[a-z0-9-]+)\"", path.read_text()))
+        text = path.read_text()
+        found |= set(re.findall(r"\$\{?1[^ ]*\s*=\s*\"(--[a-z0-9-]+)\"", text))
+        for arm in re.findall(r"^\s*(--[a-z0-9|-]+)\)", text, flags=re.M):
+            found |= set(arm.split("|"))
     return found
 
 
