@@ -7,6 +7,7 @@ and runs of both MoE families trained at EP 2, with the distributed optimizer, e
 (gathered into one process) to models whose transformers logits equal ours. (A LLaMA trained
 at TP 2: test_hf_interop_tp.py.)"""
 
+import pytest
 import torch
 
 from tests.distributed.test_hf_interop_tp import _logits_at_tp2
@@ -24,48 +25,62 @@ MODELS = {  # name: (how transformers' model is made, the layouts it is read at)
     "mixtral": (random_mixtral, [EP2, TP2]),
     "deepseek_v3": (random_deepseek_v3, [EP2, TP2]),
 }
+READ = [(name, next(iter(layout))) for name, (_, layouts) in MODELS.items()
+        for layout in layouts]
+AT_EP2 = ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]
+SHORT = ["--train-iters", "3", "--eval-interval", "100"]
+TRAINED = {  # name: (flags, the layout's words)
+    "llama": ([*TINY, *SHORT, "--pipeline-model-parallel-size", "2",
+               "--use-distributed-optimizer"], "PP 2"),
+    "mixtral": ([*TINY, "--num-experts", str(EXPERTS), "--moe-aux-loss-coeff", "0.01",
+                 "--moe-router-topk", str(TOPK), *SHORT, *AT_EP2], "EP 2"),
+    "deepseek_v3": ([*DEEPSEEK_RUN, *AT_EP2], "EP 2"),
+}
 
 
-def test_every_family_read_and_trained_across_processes_gives_transformers_logits(tmp_path):
+@pytest.fixture(scope="module")
+def read(tmp_path_factory):
+    """Every family imported, then read at each of its layouts in one torchrun launch; the
+    import's exit code per family, so one family's failure is its own tests' failure."""
+    where = tmp_path_factory.mktemp("hf_families")
+    imported = {}
+    for name, (make, _) in MODELS.items():
+        make(where / f"{name}_hf")
+        imported[name] = cli("import-hf", str(where / f"{name}_hf"), str(where / name))
+    torch.save(tokens(600), where / "tokens.pt")
+    _logits_at_tp2([[str(where / name), str(where / "tokens.pt"),
+                     str(where / f"{name}-{layout}.pt"), {layout: 2}]
+                    for name, layout in READ if imported[name] == 0], leave_errors=True)
+    return where, imported
+
+
+@pytest.mark.parametrize("name, layout", READ, ids=[f"{n}-{w}2" for n, w in READ])
+def test_a_family_imported_and_read_across_processes_gives_transformers_logits(read, name,
+                                                                               layout):
+    from megatron_gnmr.interop.hf import judge
+
+    where, imported = read
+    assert imported[name] == 0, f"import-hf {name} exited {imported[name]}"
+    error = where / f"{name}-{layout}.pt.error"
+    assert not error.exists(), error.read_text()[-3000:]
+    theirs = judge.logits(judge.load(where / f"{name}_hf"), torch.load(where / "tokens.pt"))
+    gap = relative_gap(torch.load(where / f"{name}-{layout}.pt"), theirs)
+    print(f"\n{name} imported, read at {layout.upper()} 2: max |ours - transformers| / max "
+          f"|logit| = {gap:.2e}")
+    assert gap <= BOUND, (name, layout, gap)
+
+
+@pytest.mark.parametrize("name", sorted(TRAINED))
+def test_a_family_trained_across_processes_exports_to_transformers_logits(tmp_path, name):
     from megatron_gnmr.interop.hf import judge
     from megatron_gnmr.interop.hf.export import logits_of
 
-    for name, (make, _) in MODELS.items():
-        make(tmp_path / f"{name}_hf")
-        assert cli("import-hf", str(tmp_path / f"{name}_hf"), str(tmp_path / name)) == 0
-    torch.save(tokens(600), tmp_path / "tokens.pt")
-    jobs = [[str(tmp_path / name), str(tmp_path / "tokens.pt"),
-             str(tmp_path / f"{name}-{next(iter(layout))}.pt"), layout]
-            for name, (_, layouts) in MODELS.items() for layout in layouts]
-    _logits_at_tp2(jobs)
-    for name, (_, layouts) in MODELS.items():
-        theirs = judge.logits(judge.load(tmp_path / f"{name}_hf"), torch.load(tmp_path /
-                                                                              "tokens.pt"))
-        for layout in layouts:
-            where = next(iter(layout))
-            gap = relative_gap(torch.load(tmp_path / f"{name}-{where}.pt"), theirs)
-            print(f"\n{name} imported, read at {where.upper()} 2: max |ours - transformers|"
-                  f" / max |logit| = {gap:.2e}")
-            assert gap <= BOUND, (name, layout, gap)
-
-    at_ep2 = ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]
-    short = ["--train-iters", "3", "--eval-interval", "100"]
-    trained = {  # name: (flags, the layout's words)
-        "llama": ([*TINY, *short, "--pipeline-model-parallel-size", "2",
-                   "--use-distributed-optimizer"], "PP 2"),
-        "mixtral": ([*TINY, "--num-experts", str(EXPERTS), "--moe-aux-loss-coeff", "0.01",
-                     "--moe-router-topk", str(TOPK),
-                     *short, *at_ep2], "EP 2"),
-        "deepseek_v3": ([*DEEPSEEK_RUN, *at_ep2], "EP 2"),
-    }
+    flags, layout = TRAINED[name]
+    run = tmp_path / f"{name}_run"
+    run_pretrain([*flags, "--save", str(run)], nproc=2)
+    assert cli("export-hf", str(run), str(tmp_path / "export"), "--dtype", "fp32") == 0
     ids = tokens(4096)
-    for name, (flags, where) in trained.items():
-        run = tmp_path / f"{name}_run"
-        run_pretrain([*flags, "--save", str(run)], nproc=2)
-        assert cli("export-hf", str(run), str(tmp_path / f"{name}_export"), "--dtype",
-                   "fp32") == 0
-        model = judge.load(tmp_path / f"{name}_export")
-        gap = relative_gap(logits_of(run, ids), judge.logits(model, ids))
-        print(f"\n{name} trained at {where}, exported: max |ours - transformers| / max "
-              f"|logit| = {gap:.2e}")
-        assert gap <= BOUND, (name, gap)
+    gap = relative_gap(logits_of(run, ids), judge.logits(judge.load(tmp_path / "export"), ids))
+    print(f"\n{name} trained at {layout}, exported: max |ours - transformers| / max |logit| = "
+          f"{gap:.2e}")
+    assert gap <= BOUND, (name, gap)

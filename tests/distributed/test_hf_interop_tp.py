@@ -19,7 +19,9 @@ pytest.importorskip("transformers", reason="transformers is a test dependency "
                     "(pip install -e .[dev])")
 
 
-def _logits_at_tp2(jobs: list[list[str]]) -> None:
+def _logits_at_tp2(jobs: list[list[str]], leave_errors: bool = False) -> None:
+    """hf_logits_worker.py's jobs in one launch; a job's traceback fails here unless its
+    caller reads each job's LOGITS.pt.error itself (leave_errors)."""
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
@@ -34,6 +36,9 @@ def _logits_at_tp2(jobs: list[list[str]]) -> None:
     finally:
         jobs_file.unlink()
     assert result.returncode == 0, result.stderr[-5000:]
+    errors = [Path(f"{job[2]}.error") for job in jobs]
+    assert leave_errors or not any(e.exists() for e in errors), \
+        "\n".join(e.read_text()[-3000:] for e in errors if e.exists())
 
 
 def test_import_and_export_at_tp2_give_transformers_logits(tmp_path):
