@@ -103,13 +103,17 @@ def test_a_gpu_checkpoint_resumed_on_the_cpu_continues_with_rederived_rng(tmp_pa
                                                                           capfd, ckpt_format):
     """The H200 check's resume in a CPU process (2026-12-04): the GPU's CUDA generator states
     were set into the CPU generator ('Expected a CPUGeneratorImplState of size 5056 but found
-    the input RNG state size to be 16'). The run now continues, says the streams were
-    re-derived, and (no dropout here) follows the uninterrupted run."""
+    the input RNG state size to be 16'). The run now continues and says the streams were
+    re-derived. With dropout on, the streams decide the losses: the resumed run leaves the
+    uninterrupted one after the resume, and the generators it resumed with are torch's and
+    megatron's own seeding at the seed a run's start would use for step 3, computed here."""
+    from megatron.core import tensor_parallel
+
     from megatron_gnmr.checkpoints import rng
     from megatron_gnmr.checkpoints.torch_dist import content
 
-    flags = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "1",
-             "--ckpt-format", ckpt_format]
+    flags = [*TINY, "--eval-interval", "100", "--lr-warmup-iters", "1", "--seed", "1234",
+             "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--ckpt-format", ckpt_format]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert pretrain_in_process([*flags, "--train-iters", "6", "--save", str(whole)]) == 0
     with monkeypatch.context() as patch:
@@ -119,10 +123,30 @@ def test_a_gpu_checkpoint_resumed_on_the_cpu_continues_with_rederived_rng(tmp_pa
         assert pretrain_in_process([*flags, "--train-iters", "6", "--exit-interval", "3",
                                     "--save-interval", "3", "--save", str(parts)]) == 0
     capfd.readouterr()
+    resumed_with = []
+    rederive = rng.rederive_rng
+
+    def recorded(seed, step):
+        rederive(seed, step)
+        resumed_with.append((torch.get_rng_state(),
+                             tensor_parallel.get_cuda_rng_tracker().get_states()))
+    monkeypatch.setattr(rng, "rederive_rng", recorded)
     assert pretrain_in_process([*flags, "--train-iters", "6", "--save", str(parts),
                                 "--resume", "auto"]) == 0
     assert "saved on another kind of device" in capfd.readouterr().out
-    assert train_losses(parts) == train_losses(whole)
+    (default, tracker), = resumed_with
+
+    expected_seed = (1234 * 1_000_003 + 3 * 7919) % 2**31  # world of one: stage 0
+    torch.manual_seed(expected_seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(expected_seed, tp_rank=0, ep_rank=0,
+                                                    etp_rank=0)
+    assert torch.equal(default, torch.get_rng_state())
+    expected = tensor_parallel.get_cuda_rng_tracker().get_states()
+    assert tracker.keys() == expected.keys()
+    assert all(torch.equal(tracker[name], expected[name]) for name in expected)
+    ours, theirs = train_losses(parts), train_losses(whole)
+    assert [ours[s] for s in (1, 2, 3)] == [theirs[s] for s in (1, 2, 3)]
+    assert all(ours[s] != theirs[s] for s in (4, 5, 6))  # dropout draws from the streams
 
 
 @pytest.mark.parametrize("pipeline_rank", [0, 1])
