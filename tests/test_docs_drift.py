@@ -1,10 +1,13 @@
 """The guide against the code where the code can say it (issue 60 item 7): the YAML sections
 the training guide lists are the run config's, the number of bad inputs it says are tested is
-the number tests/test_bad_input.py runs, a pointer to a guide section names a section that
-exists, and a page that promises "the table below" has one below."""
+the number tests/test_bad_input.py runs, the heavy tier's size the testing guide gives is what
+pytest collects, a pointer to a guide section names a section that exists, and a page that
+promises "the table below" has one below."""
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from megatron_gnmr.config import RunConfig
@@ -31,6 +34,15 @@ def test_the_count_of_tested_bad_inputs_is_the_tables():
     tested = len(test_bad_input.IN_PROCESS) + len(test_bad_input.THROUGH_THE_ENTRY_POINT) + \
         len(test_bad_input.END_TO_END)
     assert int(said.group(1)) == tested
+
+
+def test_the_heavy_tiers_size_is_what_pytest_collects():
+    said = re.search(r"holds (\d+) tests", _text(REPO / "docs" / "guide" / "testing.md"))
+    assert said, "the testing guide no longer says how many tests the heavy tier holds"
+    collected = subprocess.run([sys.executable, "-m", "pytest", "tests", "-q", "--collect-only",
+                                "-m", "heavy", "-p", "no:cacheprovider"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout
+    assert said.group(1) == re.search(r"(\d+)/\d+ tests collected", collected).group(1)
 
 
 def _headings(path: Path) -> set[str]:
