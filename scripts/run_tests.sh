@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command: install everything, prepare the test data, run the whole test suite.
+# One command: install everything, prepare the test data, run the test suite (or one tier).
 #
 #   bash scripts/run_tests.sh           # the test command: every test on megatron-core
 #                                       # 0.16.1 but the heavy tier, the air-gapped install

@@ -31,7 +31,8 @@ HEAVY = {
     "test_detection": {  # 2.5: twin runs; the traces' arithmetic stays
         "test_the_first_alarm_from_a_twin_trace_is_the_live_run_first_recovery",
         "test_the_kernel_probes_first_alarm_from_a_twin_trace_is_the_live_first_recovery"},
-    "test_gpu_check": {"test_gpu_check_smoke_runs_every_part_and_fails_loudly_on_what_cannot_run"},
+    "test_gpu_check": {  # 2.2: the GPU check end to end on a CPU; its parts' own tests stay
+        "test_gpu_check_smoke_runs_every_part_and_fails_loudly_on_what_cannot_run"},
     "test_bench_checkpoint": None,  # 2.2: a benchmark's six runs
     "test_e4m3_question": {  # 1.0: a study's harness; its quantizers against ml_dtypes stay
         "test_the_harness_runs_through_the_extension_points"},
