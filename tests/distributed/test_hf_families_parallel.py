@@ -17,16 +17,14 @@ from tests.test_hf_interop import BOUND, cli, random_llama, relative_gap, tokens
 from tests.test_hf_llama3 import _random_mistral, _rope
 from tests.test_hf_mixtral import EXPERTS, TOPK, random_mixtral
 
-TP2, EP2 = {"tp": 2}, {"ep": 2}
-MODELS = {  # name: (how transformers' model is made, the layouts it is read at)
-    "llama3.1": (lambda d: random_llama(d, rope_parameters=_rope(8.0)), [TP2]),
-    "tied": (lambda d: random_llama(d, tie_word_embeddings=True), [TP2]),
-    "mistral": (_random_mistral, [TP2]),
-    "mixtral": (random_mixtral, [EP2, TP2]),
-    "deepseek_v3": (random_deepseek_v3, [EP2, TP2]),
+MODELS = {  # name: (how transformers' model is made, the parallel axes it is read along at 2)
+    "llama3.1": (lambda d: random_llama(d, rope_parameters=_rope(8.0)), ["tp"]),
+    "tied": (lambda d: random_llama(d, tie_word_embeddings=True), ["tp"]),
+    "mistral": (_random_mistral, ["tp"]),
+    "mixtral": (random_mixtral, ["ep", "tp"]),
+    "deepseek_v3": (random_deepseek_v3, ["ep", "tp"]),
 }
-READ = [(name, next(iter(layout))) for name, (_, layouts) in MODELS.items()
-        for layout in layouts]
+READ = [(name, layout) for name, (_, layouts) in MODELS.items() for layout in layouts]
 AT_EP2 = ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]
 SHORT = ["--train-iters", "3", "--eval-interval", "100"]
 TRAINED = {  # name: (flags, the layout's words)
