@@ -26,7 +26,7 @@ def smoke(tmp_path_factory):
 def test_every_scenario_is_listed():
     assert available() == ["act_quant_stress", "attention_closed_loop", "attention_detection",
                            "attention_detection_heldout", "attention_fault",
-                           "attention_ladder", "combined_faults",
+                           "attention_ladder", "attention_ladder_heldout", "combined_faults",
                            "deepseek_hierarchy", "frontier_act_quant", "frontier_nvfp4_noise",
                            "frontier_w3a3", "frontier_w4a4", "frontier_w8a2", "lora_int8",
                            "lr_edge", "lr_edge_controller", "lr_edge_pilot",
