@@ -48,20 +48,20 @@ def test_lethality_counts_death_and_harm_at_each_margin():
     assert result["lethal_at_healthy"] == 1  # only the death at 0.06
 
 
-def test_the_rungs_that_kill_are_chosen_at_the_larger_margin():
-    """A rung harmed by +0.03 on 2 of 3 seeds kills at a 0.02 margin, not at 0.06: the choice
-    goes with the larger, whichever of the two it is."""
-    exact = {s: {"diverged_at": None, "final_train_loss": 4.0} for s in (1, 2, 3)}
+def test_a_rung_kills_when_its_twins_die_on_half_the_seeds_and_harm_alone_never_kills():
+    """Harmed by +0.5 on 3 of 3 seeds, far past either margin: not a killing rung. Died on
+    2 of 4 (half): kills; on 1 of 3: does not."""
+    exact = {s: {"diverged_at": None, "final_train_loss": 4.0} for s in (1, 2, 3, 4)}
     table = {"exact-attention": exact,
-             "twin-harm": {s: {"diverged_at": None, "final_train_loss": 4.0 + g}
-                           for s, g in ((1, 0.03), (2, 0.03), (3, 0.0))},
-             "twin-dies": {s: {"diverged_at": 500 if s < 3 else None, "final_train_loss": 4.0}
+             "twin-harm": {s: {"diverged_at": None, "final_train_loss": 4.5} for s in (1, 2, 3)},
+             "twin-half": {s: {"diverged_at": 500 if s < 3 else None, "final_train_loss": 4.0}
+                           for s in (1, 2, 3, 4)},
+             "twin-once": {s: {"diverged_at": 500 if s == 1 else None, "final_train_loss": 4.0}
                            for s in (1, 2, 3)}}
-    for margins, chosen in (({"exact": 0.02, "healthy": 0.06}, ["dies"]),
-                            ({"exact": 0.06, "healthy": 0.02}, ["dies"]),
-                            ({"exact": 0.02, "healthy": 0.01}, ["harm", "dies"])):
-        rungs = {rung: lethality(table, rung, margins) for rung in ("harm", "dies")}
-        assert killing_rungs(rungs, margins) == chosen, margins
+    margins = {"exact": 0.02, "healthy": 0.06}
+    rungs = {rung: lethality(table, rung, margins) for rung in ("harm", "half", "once")}
+    assert rungs["harm"]["lethal_at_healthy"] == 3  # lethal by the margin, all the same
+    assert killing_rungs(rungs) == ["half"]
 
 
 def _row(label, family, early, dying, fired, lead=None):

@@ -14,8 +14,7 @@ traced), the `healthy` run and `exact-attention`. From them:
   healthy runs (`detection.evaluate`: early and right, before death, false alarms), with its
   spend on the dying twins, the kernel probe's FLOPs included where it reads the probe;
 - **the choice** (`choose_for_held_out`), made here and committed before any held-out seed:
-  the rungs that kill (died or harmed on at least half the seeds, at the larger margin:
-  `deciding_margin`), then among our detectors
+  the rungs that kill (their twins died on at least half the seeds: `killing_rungs`), then among our detectors
   (the probe's families and GNMR; never the oracle, never TE's) the setting that fires on no
   healthy run and names the faulted layers before the onset of harm on the most dying twins of
   those rungs, then the best worst rung, then the longest median lead, then the highest
@@ -80,20 +79,19 @@ def lethality(table: dict, rung: str, margins: dict) -> dict:
             "judged": len(seeds), **counts}
 
 
-def deciding_margin(margins: dict[str, float]) -> str:
-    """The margin the rungs that kill are chosen at: the larger. Declared before the choice,
-    from the first three training seeds: at twice exact attention's seed-to-seed SD (0.0076)
-    the healthy FP8 run itself ended harmed (seed 4, +0.0081 over exact attention) and so did
-    the unbiased control (nearest1, seed 3, +0.022); a margin that runs without a biased fault
-    exceed counts FP8's own cost and chance as harm. Both margins are still reported."""
-    return max(margins, key=margins.get)
+def killing_rungs(rungs: dict[str, dict]) -> list[str]:
+    """The rungs whose twins died on at least half their judged seeds; `rungs` holds
+    `lethality`'s results.
 
-
-def killing_rungs(rungs: dict[str, dict], margins: dict[str, float]) -> list[str]:
-    """The rungs lethal (died or harmed) on at least half their judged seeds, at the
-    deciding margin; `rungs` holds `lethality`'s results."""
-    at = f"lethal_at_{deciding_margin(margins)}"
-    return [rung for rung, r in rungs.items() if r["judged"] and 2 * r[at] >= r["judged"]]
+    Harm without death does not count. Decided after the training round, before any held-out
+    seed ran (a choice made after looking, reported as one): the first rule counted a twin
+    lethal when it died or ended above exact attention by the deciding margin, and at that
+    margin (0.0150) the unbiased control nearest1 was lethal on 3 of 7 seeds (+0.022, +0.016,
+    +0.108), so harm alone did not separate a biased fault from chance; and the held-out
+    round judges an arm only on the seeds whose twin died (`ladder_verdicts._dying`), so a
+    rung that harms without killing (down2: 0 of 7 died) would run every arm for nothing
+    judged. The margins still decide whether a saved run ended unharmed."""
+    return [rung for rung, r in rungs.items() if r["judged"] and 2 * r["died"] >= r["judged"]]
 
 
 def probe_spend(trace, setting: Setting) -> float:
@@ -161,7 +159,7 @@ def judge(scenario, table: dict, traces: Path, seeds=None) -> dict:
                         "or more")
     margins = {"exact": harm_margin(exact_finals), "healthy": harm_margin(healthy_finals)}
     rungs = {rung: lethality(table, rung, margins) for rung in rungs_of(scenario)}
-    lethal = killing_rungs(rungs, margins)
+    lethal = killing_rungs(rungs)
     by_setting: dict[str, dict] = {}
     spends: dict[str, dict] = {}
     for rung in rungs:
@@ -183,7 +181,7 @@ def judge(scenario, table: dict, traces: Path, seeds=None) -> dict:
              for path in sorted(traces.glob(f"{HEALTHY}-seed*.npz"))]
     chosen_spends = [spends[chosen][rung]["recovered"] for rung in lethal
                      if chosen is not None and spends[chosen].get(rung) is not None]
-    return {"margins": margins, "deciding_margin": deciding_margin(margins), "rungs": rungs,
+    return {"margins": margins, "rungs": rungs,
             "lethal_rungs": lethal, "chosen": chosen,
             "chosen_spend": statistics.fmean(chosen_spends) if chosen_spends else None,
             "probe_share": statistics.fmean(costs) if costs else None,

@@ -37,8 +37,9 @@ def _lethality_lines(result: dict) -> list[str]:
                      f"{r['lethal_at_healthy']} | "
                      f"{_number(float(np.median(died)) if died else None)} | "
                      f"{', '.join(f'{g:+.3f}' for g in gaps) or '-'} |")
-    lines += ["", f"Rungs that kill (lethal on at least half the seeds, at the larger margin, "
-              f"{result['deciding_margin']}): **{', '.join(result['lethal_rungs']) or 'none'}**."]
+    lines += ["", "Rungs that kill (their twins died on at least half the seeds; harm without "
+              "death does not count, a rule set after the training round, before any held-out "
+              f"seed): **{', '.join(result['lethal_rungs']) or 'none'}**."]
     return lines
 
 
