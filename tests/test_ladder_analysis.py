@@ -195,6 +195,11 @@ def test_the_lr_edge_replays_the_ladders_choice_on_the_probe_arms(tmp_path):
     assert calm["first_alarm"] is None and calm["spend"] == 0.0
     seen.plot(seen.probe_traces(tmp_path), tmp_path / "probe.png")
     assert (tmp_path / "probe.png").stat().st_size > 0
+    # lr_edge_controller's uncontrolled arm is named fp8; a name that ends in it is another arm
+    _probe_trace(tmp_path / "fp8-lr0.048-seed2.npz", loud, np.linspace(8, 4.3, 100))
+    _probe_trace(tmp_path / "not-fp8-lr0.048-seed3.npz", loud, np.linspace(8, 4.3, 100))
+    assert seen.probe_traces(tmp_path, "fp8") == {0.048: {2: tmp_path / "fp8-lr0.048-seed2.npz"}}
+    assert 0.048 not in seen.probe_traces(tmp_path)
     assert seen.plot_norms(tmp_path, tmp_path / "norms.png")
     assert not seen.plot_norms(tmp_path / "nothing", tmp_path / "none.png")
 

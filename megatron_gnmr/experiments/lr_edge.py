@@ -203,19 +203,19 @@ def _spelled(lr: float, table: dict, arm: str) -> str:
                 if VARIANT.match(v)["arm"] == arm and float(VARIANT.match(v)["lr"]) == lr)
 
 
-def _detector_lines(result: dict, summaries: Path, ladder: Path) -> list[str]:
-    """The probe arms' section: the ladder's chosen detectors replayed on them, and the
+def _detector_lines(result: dict, summaries: Path, ladder: Path, arm: str) -> list[str]:
+    """The traced arm's section: the ladder's chosen detectors replayed on its runs, and the
     probe's statistics per LR drawn (lr_edge_detectors)."""
     from megatron_gnmr.experiments import lr_edge_detectors as seen
 
     drawn = seen.plot_norms(summaries / "traces", summaries / "lr_edge_norms.png")
-    probes = seen.probe_traces(summaries / "traces")
+    probes = seen.probe_traces(summaries / "traces", arm)
     if not probes:
         return ["", "Each traced run's core-attention gradient norms and loss: "
                 "lr_edge_norms.png."] if drawn else []
     seen.plot(probes, summaries / "lr_edge_probe.png")
     chosen = seen.chosen_settings(ladder)
-    replayed = None if chosen is None else seen.replay(probes, chosen, seen.fates(result))
+    replayed = None if chosen is None else seen.replay(probes, chosen, seen.fates(result, arm))
     if replayed is not None:
         result["detectors"] = {family: {str(lr): runs for lr, runs in by_lr.items()}
                                for family, by_lr in replayed.items()}
@@ -228,6 +228,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ladder", default="docs/runs/attention_ladder/ladder.json",
                         help="the ladder's committed choice, whose detectors are replayed on "
                         "the probe arms (default: %(default)s)")
+    parser.add_argument("--traced-arm", default="probe",
+                        help="the uncontrolled FP8 arm that traces every detector's quantity, "
+                        "whose runs the detectors are replayed on (default: %(default)s; "
+                        "lr_edge_controller's is fp8)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -238,7 +242,7 @@ def run(args: argparse.Namespace) -> dict:
     result = judge(table)
     cpus = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
     lines = [*table_lines(result), "", f"Runs made on: {', '.join(cpus)}.",
-             *_detector_lines(result, summaries, Path(args.ladder))]
+             *_detector_lines(result, summaries, Path(args.ladder), args.traced_arm)]
     (summaries / "lr_edge.md").write_text("\n".join(lines) + "\n")
     (summaries / "lr_edge.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, table, summaries / "lr_edge.png")

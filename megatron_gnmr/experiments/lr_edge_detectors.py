@@ -1,6 +1,7 @@
 """What the ladder's detectors see at the learning-rate edge, the failure nobody injected
-(issue 56 item 5), from the traces of the `probe-lrVALUE` arms: FP8 at that LR, uncontrolled,
-with every detector's quantity traced on the core attentions.
+(issue 56 item 5), from the traces of the uncontrolled FP8 arm (`probe-lrVALUE` in lr_edge,
+`fp8-lrVALUE` in lr_edge_controller): FP8 at that LR, no control, with every detector's
+quantity traced on the core attentions.
 
 Each family is replayed at the one setting the ladder's training round chose for it (`best`
 in the committed ladder.json), never re-tuned on these runs: per LR, the runs it fires on, its
@@ -22,18 +23,19 @@ import numpy as np
 from megatron_gnmr.experiments import detection_traces
 from megatron_gnmr.experiments.detectors import LADDER_FAMILIES, ORACLE, first_alarm, settings, spend
 
-PROBE = re.compile(r"^probe-lr(?P<lr>[0-9.e+-]+)-seed(?P<seed>\d+)\.npz$")
+TRACE = re.compile(r"^(?P<arm>.+)-lr(?P<lr>[0-9.e+-]+)-seed(?P<seed>\d+)\.npz$")
 DRAWN = (("kernel_output_bias", "O's error, sign agreement (probe)"),
          ("kernel_delta_error", "delta's relative error (probe)"),
          ("fp8_underflow_o", "share of O that underflows E4M3 (TE's metric, with O)"))
 
 
-def probe_traces(traces: Path) -> dict[float, dict[int, Path]]:
-    """{lr: {seed: trace path}} of the probe arms' committed traces."""
+def probe_traces(traces: Path, arm: str = "probe") -> dict[float, dict[int, Path]]:
+    """{lr: {seed: trace path}} of the committed traces of `arm`, the uncontrolled FP8 arm
+    that traces every detector's quantity (`probe` in lr_edge, `fp8` in lr_edge_controller)."""
     found: dict[float, dict[int, Path]] = {}
-    for path in sorted(traces.glob("probe-lr*-seed*.npz")):
-        match = PROBE.match(path.name)
-        if match:
+    for path in sorted(traces.glob(f"{arm}-lr*-seed*.npz")):
+        match = TRACE.match(path.name)
+        if match and match["arm"] == arm:
             found.setdefault(float(match["lr"]), {})[int(match["seed"])] = path
     return found
 
@@ -48,10 +50,10 @@ def chosen_settings(ladder_json: Path) -> dict[str, object] | None:
             if label is not None and label in by_label and family != ORACLE}
 
 
-def fates(result: dict) -> dict[tuple[float, int], dict]:
-    """{(lr, seed): fate} of each probe run, from compare-lr-edge's judged arms: the step it
+def fates(result: dict, arm: str = "probe") -> dict[tuple[float, int], dict]:
+    """{(lr, seed): fate} of each run of `arm`, from compare-lr-edge's judged arms: the step it
     diverged at (None: it lived) and its final-loss gap to BF16 of the same LR and seed."""
-    probe, bf16 = result["arms"].get("probe"), result["arms"].get("bf16")
+    probe, bf16 = result["arms"].get(arm), result["arms"].get("bf16")
     out = {}
     for lr, row in (probe or {"rows": {}})["rows"].items():
         for seed, final in row["final"].items():
@@ -88,13 +90,13 @@ def _layer(unit: str) -> int:
 def lines(result: dict | None, probes: dict) -> list[str]:
     if not probes:
         return []
-    head = ["", "## What the ladder's detectors see here (the probe arms)", ""]
+    head = ["", "## What the ladder's detectors see here (FP8, uncontrolled, every quantity traced)", ""]
     if result is None:
         return head + ["No ladder choice is committed yet (docs/runs/attention_ladder/"
                        "ladder.json): the detectors are not replayed; the probe's statistics "
                        "per LR are drawn in lr_edge_probe.png."]
     out = head + ["Each family at the setting the ladder's training round chose for it, "
-                  "replayed on the FP8 probe runs (no control): runs it fires on, its first "
+                  "replayed on the uncontrolled FP8 runs: runs it fires on, its first "
                   "alarm (median step), the layers it names, its mean spend (share of "
                   "attention unit-steps it would run exact); the runs' fates: diverged (x) or "
                   "the final-loss gap to BF16 of the same seed.", "",
