@@ -29,7 +29,7 @@ def test_every_scenario_is_listed():
                            "attention_ladder", "attention_ladder_heldout", "combined_faults",
                            "deepseek_hierarchy", "frontier_act_quant", "frontier_nvfp4_noise",
                            "frontier_w3a3", "frontier_w4a4", "frontier_w8a2", "lora_int8",
-                           "lr_edge", "lr_edge_controller", "lr_edge_pilot",
+                           "lr_edge", "lr_edge_arms", "lr_edge_controller", "lr_edge_pilot",
                            "risk_signals_act_quant",
                            "risk_signals_deepseek", "router_fault"]
 

@@ -1,9 +1,15 @@
-"""The LR edge's controlled round (issue 56 item 5), written from two committed results:
+"""The LR edge's controlled round (issue 56 item 5), written from two committed results and
+the scenario the second judged:
 `python -m megatron_gnmr.experiments.lr_edge_arms docs/runs/attention_ladder/ladder.json
-docs/runs/lr_edge/lr_edge.json` writes configs/scenarios/lr_edge_arms.yaml.
+docs/runs/lr_edge_controller/lr_edge.json lr_edge_controller` writes
+configs/scenarios/lr_edge_arms.yaml.
 
-Where FP8 fails and BF16 lives (`failing_lrs`), per seed of
-the sweep: BF16 and FP8 again (so that every arm pairs with them on one CPU model), and the
+The round is the controller's (lr_edge_controller: 0.048 and 0.096, its FP8 runs traced with
+every detector's quantity, on which `compare-lr-edge --traced-arm fp8` replays the ladder's
+choice), not the first sweep's: the replay says what each arm would do there, and the arms
+pair with BF16 on the controller round's testbed. Where FP8 fails and BF16 lives
+(`failing_lrs`), per seed: BF16 and FP8 again (so that every arm pairs with them on one CPU
+model and one version of the code), and the
 ladder's arms (`ladder_held_out.arms`: the chosen detector, TE's rule with and without the
 latch and allowed to see O, GNMR, the first-layer rule, random at the chosen spend), each on
 the core attentions, under the ladder's one rule. Nothing here is tuned at the edge: the
@@ -51,8 +57,9 @@ def write_scenario(ladder: dict, lr_edge: dict, sweep: dict, path: Path) -> list
                                          "--gnmr-measure", TRACED, *flags]
     description = (
         "Issue 56 item 5, the LR edge's controlled round, written by experiments/lr_edge_arms.py "
-        "from docs/runs/attention_ladder/ladder.json and docs/runs/lr_edge/lr_edge.json before "
-        f"any of these runs: at the LRs where FP8 fails and BF16 does not ({', '.join(spelled)}), "
+        "from docs/runs/attention_ladder/ladder.json and the LR round it extends (its base, "
+        "its seeds, its judged result) before any of these runs: at the LRs where FP8 fails "
+        f"and BF16 does not ({', '.join(spelled)}), "
         "BF16 and FP8 again and the ladder's arms on the core attentions at the settings its "
         f"training round chose (chosen: {ladder['chosen']}; random at {ladder['chosen_spend']:.4f} "
         "of unit-steps).")
@@ -66,7 +73,7 @@ def write_scenario(ladder: dict, lr_edge: dict, sweep: dict, path: Path) -> list
 
 def main(argv: list[str]) -> None:
     ladder, lr_edge = (json.loads(Path(p).read_text()) for p in argv[:2])
-    sweep = yaml.safe_load((SCENARIO / "lr_edge.yaml").read_text())
+    sweep = yaml.safe_load((SCENARIO / f"{argv[2]}.yaml").read_text())
     print(write_scenario(ladder, lr_edge, sweep, SCENARIO / "lr_edge_arms.yaml"))
 
 
