@@ -108,13 +108,8 @@ def test_a_settings_flags_make_a_live_run_decide_as_its_replay():
         assert {key: settings[key] for key in signal} == signal, family.name
 
 
-def test_the_ladder_held_out_verdicts_and_tests_by_hand(monkeypatch):
-    """Four seeds, one rung, the chosen arm and TE's: exact attention ends at 3.0; the training
-    round's margins are 0.05 (exact) and 0.2 (healthy). Chosen: saved on seeds 1-3 (+0.01),
-    harmed at 0.05 on seed 4 (+0.1, saved at 0.2). TE: diverged on 1 and 2, +0.3 on 3 (harmed
-    at both), saved on 4. Paired at the exact margin: only the chosen arm failed on 1 seed,
-    only TE on 3: the one-sided sign test's p (chosen better) is P(at most 1 of 4) = 5/16; at
-    the healthy margin TE alone failed, 3 seeds: 1/8."""
+def _held_out_by_hand(monkeypatch):
+    """Four seeds, one rung, the chosen arm and TE's (see the test below), judged."""
     from types import SimpleNamespace
 
     from megatron_gnmr.experiments import ladder_verdicts
@@ -135,16 +130,51 @@ def test_the_ladder_held_out_verdicts_and_tests_by_hand(monkeypatch):
     margins = {"exact": 0.05, "healthy": 0.2}
     judged = ladder_verdicts.verdicts(scenario, table, {("healthy", s): SimpleNamespace(
         trace=None) for s in (1, 2, 3, 4)}, margins, probe_share=0.01)
+    return judged, ladder_verdicts.comparisons(judged["r"], margins)["te"], margins
+
+
+def test_the_ladder_held_out_verdicts_and_tests_by_hand(monkeypatch):
+    """Four seeds, one rung, the chosen arm and TE's: exact attention ends at 3.0; the training
+    round's margins are 0.05 (exact) and 0.2 (healthy). Chosen: saved on seeds 1-3 (+0.01),
+    harmed at 0.05 on seed 4 (+0.1, saved at 0.2). TE: diverged on 1 and 2, +0.3 on 3 (harmed
+    at both), saved on 4. Paired at the exact margin: only the chosen arm failed on 1 seed,
+    only TE on 3: the one-sided sign test's p (chosen better) is P(at most 1 of 4) = 5/16; at
+    the healthy margin TE alone failed, 3 seeds: 1/8."""
+    judged, compared, margins = _held_out_by_hand(monkeypatch)
     chosen, te = judged["r"]["chosen"], judged["r"]["te"]
     assert [chosen[s]["failed_at_exact"] for s in (1, 2, 3, 4)] == [False, False, False, True]
     assert [chosen[s]["failed_at_healthy"] for s in (1, 2, 3, 4)] == [False] * 4
     assert [te[s]["failed_at_exact"] for s in (1, 2, 3, 4)] == [True, True, True, False]
     assert chosen[1]["probe"] == pytest.approx(0.005) and te[1]["probe"] == 0.0
-    compared = ladder_verdicts.comparisons(judged["r"], margins)["te"]
     assert compared["failed_at_exact"]["sign_p_chosen_better"] == pytest.approx(5 / 16)
     assert compared["failed_at_exact"]["sign_p_rival_better"] == pytest.approx(15 / 16)
     assert compared["failed_at_healthy"]["sign_p_chosen_better"] == pytest.approx(1 / 8)
     assert compared["healthy"]["chosen"] == compared["healthy"]["rival"] == 0
+
+
+def test_the_held_out_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, tmp_path):
+    """The same four seeds: the chosen arm saved 3 (exact margin) and 4 (healthy) of 4 at
+    50% + 0.5% spend; TE saved 1 and 1, diverged twice. Fisher's one-sided p at the exact
+    margin, 1 failure of 4 against 3 of 4: P(X <= 1), X ~ hypergeometric(8, 4, 4) = 17/70.
+    The goal needs ceil(14 * 4 / 16) = 4 saved: not met."""
+    from megatron_gnmr.experiments import ladder_held_out_report as report
+    from megatron_gnmr.experiments import ladder_verdicts
+
+    judged, compared, margins = _held_out_by_hand(monkeypatch)
+    goal = ladder_verdicts.goal(judged["r"], {"te": compared}, 0.01, ["te"])
+    result = {"margins": margins, "rungs": {"r": {
+        "arms": judged["r"], "versus_chosen": {"te": compared}, "goal": goal}}}
+    text = "\n".join(report.lines(result))
+    chosen_row = next(line for line in text.splitlines() if line.startswith("| chosen |"))
+    te_row = next(line for line in text.splitlines() if line.startswith("| te |"))
+    assert chosen_row.split(" | ")[1:7] == ["4", "3", "4", "0",
+                                            "+0.010, +0.010, +0.010, +0.100", "50.0% + 0.5%"]
+    assert te_row.split(" | ")[1:5] == ["4", "1", "1", "2"]
+    assert f"0.31 ({17 / 70:.2g})" in te_row
+    assert "the twin died on 4 of 4 seeds (median step 400)" in text
+    assert "saved 3 of 4 dying runs (needs 4" in text and "**Not met.**" in text
+    report.write_report(result, tmp_path / "held_out")
+    assert (tmp_path / "held_out.png").stat().st_size > 0
 
 
 def _probe_trace(path, delta_error, loss):

@@ -1,5 +1,6 @@
 """`megatron-gnmr compare-ladder-held-out SCENARIO`: the fault ladder's held-out round,
-judged once (issue 56), from the committed summaries and traces.
+judged once (issue 56), from the committed summaries and traces; writes DIR/held_out.{json,md,png}
+(`ladder_held_out_report`).
 
 The scenario (written by `ladder_held_out.py` from the training round's choice) runs per seed,
 for each rung that kills, the twin and every arm (`ARM@RUNG`), and per seed `healthy`,
@@ -81,7 +82,8 @@ def verdicts(scenario, table: dict, traces: dict, margins: dict, probe_share: fl
     return out
 
 
-def _dying(per_seed: dict) -> dict:
+def dying_seeds(per_seed: dict) -> dict:
+    """The seeds whose twin died and whose arm's run can be judged."""
     return {s: v for s, v in per_seed.items() if v["twin_died_at"] and v["judged"]}
 
 
@@ -101,7 +103,7 @@ def comparisons(by_arm: dict, margins: dict) -> dict:
                 ours = {s: chosen[s]["healthy_fires_at"] is not None for s in seeds}
                 theirs = {s: per_seed[s]["healthy_fires_at"] is not None for s in seeds}
             else:
-                seeds = sorted(set(_dying(chosen)) & set(_dying(per_seed)))
+                seeds = sorted(set(dying_seeds(chosen)) & set(dying_seeds(per_seed)))
                 ours = {s: chosen[s][key] for s in seeds}
                 theirs = {s: per_seed[s][key] for s in seeds}
             only_ours = sum(ours[s] and not theirs[s] for s in seeds)
@@ -120,7 +122,7 @@ def goal(by_arm: dict, compared: dict, probe_share: float, rivals: list[str]) ->
     """The issue's goal on one rung: saved >= 14 of the dying runs (of 16 seeds), at most 1
     healthy run acted on, the probe within 2% of the attention's FLOPs, and against TE's best
     arm a paired p < 0.05 on failures (exact margin) and no worse on healthy runs."""
-    dying = _dying(by_arm[CHOSEN])
+    dying = dying_seeds(by_arm[CHOSEN])
     saved = sum(not v["failed_at_exact"] for v in dying.values())
     acted = sum(v["healthy_fires_at"] is not None for v in by_arm[CHOSEN].values())
     versus = {arm: compared[arm]["failed_at_exact"]["sign_p_chosen_better"] < GOAL["p"]
@@ -141,6 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     from megatron_gnmr.experiments.ladder import collect_traces
+    from megatron_gnmr.experiments.ladder_held_out_report import write_report
 
     scenario, runs, summaries = locations(args)
     table = collect(scenario, runs, summaries, run_summary)
@@ -159,6 +162,8 @@ def run(args: argparse.Namespace) -> dict:
         compared = comparisons(by_arm, training["margins"])
         result["rungs"][rung] = {"arms": by_arm, "versus_chosen": compared,
                                  "goal": goal(by_arm, compared, probe, rivals)}
+    result["cpus"] = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
     (summaries / "held_out.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({rung: r["goal"] for rung, r in result["rungs"].items()}, indent=1))
+    write_report(result, summaries / "held_out")
+    print((summaries / "held_out.md").read_text())
     return result

@@ -1,0 +1,117 @@
+"""The fault ladder's held-out round as a reader wants it (issue 56): per killing rung, a
+table of every arm over the seeds whose twin died, the paired and unpaired tests against the
+chosen arm, the issue's goal, and one picture of every run's fate. Built from
+`ladder_verdicts.run`'s result, so it rebuilds from the committed summaries and traces.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from megatron_gnmr.experiments.ladder_verdicts import CHOSEN, GOAL, dying_seeds
+
+
+def _p(value: float) -> str:
+    return f"{value:.2g}"
+
+
+def _arm_row(arm: str, per_seed: dict, versus: dict | None) -> str:
+    dying = dying_seeds(per_seed)
+    saved = {name: sum(not v[f"failed_at_{name}"] for v in dying.values())
+             for name in ("exact", "healthy")}
+    gaps = [v["gap"] for v in dying.values() if v["gap"] is not None]
+    spends = [(v["recovered"], v["probe"]) for v in dying.values() if v["recovered"] is not None]
+    acted = sum(v["healthy_fires_at"] is not None for v in per_seed.values())
+    spend = "-" if not spends else (f"{statistics.fmean(r for r, _ in spends):.1%} + "
+                                    f"{statistics.fmean(p for _, p in spends):.1%}")
+    tests = "-" if versus is None else " / ".join(
+        f"{_p(versus[key]['sign_p_chosen_better'])} ({_p(versus[key]['fisher_p_chosen_better'])})"
+        for key in ("failed_at_exact", "failed_at_healthy"))
+    return (f"| {arm} | {len(dying)} | {saved['exact']} | {saved['healthy']} | "
+            f"{sum(v['diverged'] for v in dying.values())} | "
+            f"{', '.join(f'{g:+.3f}' for g in gaps) or '-'} | {spend} | "
+            f"{acted}/{len(per_seed)} | {tests} |")
+
+
+def _goal_line(goal: dict) -> str:
+    need = math.ceil(GOAL["saved"] * goal["dying"] / 16)
+    beats = ", ".join(f"{arm} {'yes' if won else 'no'}" for arm, won in goal["beats"].items())
+    return (f"Goal: saved {goal['saved']} of {goal['dying']} dying runs (needs {need}: 14 of 16 "
+            f"scaled), healthy runs acted on {goal['healthy_acted']} (at most "
+            f"{GOAL['healthy_acted']}), the probe {goal['probe_share']:.2%} of the attention's "
+            f"FLOPs (at most {GOAL['probe_share']:.0%}), better than each of TE's arms (paired "
+            f"p < {GOAL['p']} at the exact margin, no more healthy runs acted on): "
+            f"{beats or '-'}. **{'Met' if goal['met'] else 'Not met'}.**")
+
+
+def lines(result: dict) -> list[str]:
+    margins = result["margins"]
+    out = ["# The fault ladder's held-out round", "",
+           f"Harm margins, the training round's: {margins['exact']:.4f} (exact attention's) and "
+           f"{margins['healthy']:.4f} (the healthy FP8 runs'). An arm is judged on the seeds "
+           "whose twin died: saved unharmed when it did not diverge and ended within the margin "
+           "of exact attention of its seed (final loss, mean of the last 300 steps). Spend: "
+           "the share of the core attentions' unit-steps it ran exact + the kernel probe's "
+           "FLOPs. Acted on a healthy run: its replay on the healthy trace fires. Tests against "
+           "the chosen arm, one-sided (the chosen arm fails less): the paired sign test over "
+           "the seeds both ran (Fisher's exact test), at the exact / healthy margin."]
+    for rung, judged in result["rungs"].items():
+        twins = next(iter(judged["arms"].values()), {})
+        died = sorted(v["twin_died_at"] for v in twins.values() if v["twin_died_at"])
+        out += ["", f"## {rung}: the twin died on {len(died)} of {len(twins)} seeds"
+                f"{f' (median step {statistics.median(died):.0f})' if died else ''}", "",
+                "| arm | dying seeds judged | saved (exact margin) | saved (healthy margin) | "
+                "diverged | gaps to exact of those that lived | spend | healthy acted on | "
+                "p, chosen better: sign (Fisher) |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for arm, per_seed in judged["arms"].items():
+            out.append(_arm_row(arm, per_seed, None if arm == CHOSEN
+                                else judged["versus_chosen"].get(arm)))
+        out += ["", _goal_line(judged["goal"])]
+    if result.get("cpus"):
+        out += ["", f"Runs made on: {', '.join(result['cpus'])}."]
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    """Per rung, every arm's runs on the seeds whose twin died: the final-loss gap to exact
+    attention of the seed, a cross at the top for a run that diverged; both margins drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rungs = list(result["rungs"])
+    figure, axes = plt.subplots(1, len(rungs), figsize=(6 * len(rungs), 4), squeeze=False)
+    for axis, rung in zip(axes[0], rungs):
+        arms = result["rungs"][rung]["arms"]
+        gaps = [v["gap"] for per_seed in arms.values() for v in dying_seeds(per_seed).values()
+                if v["gap"] is not None]
+        top = max([*gaps, 2 * result["margins"]["healthy"]]) * 1.15
+        for x, (arm, per_seed) in enumerate(arms.items()):
+            dying = list(dying_seeds(per_seed).values())
+            lived = [v["gap"] for v in dying if not v["diverged"]]
+            axis.scatter([x] * len(lived), lived, s=18, alpha=0.7, color="tab:blue")
+            crosses = sum(v["diverged"] for v in dying)
+            if crosses:
+                axis.scatter([x], [top], marker="x", color="tab:red")
+                axis.annotate(f"{crosses} diverged", (x, top), textcoords="offset points",
+                              xytext=(0, -12), ha="center", fontsize=7, color="tab:red")
+        for name, style in (("exact", ":"), ("healthy", "--")):
+            axis.axhline(result["margins"][name], color="gray", linestyle=style,
+                         label=f"margin ({name})")
+        axis.set_xticks(range(len(arms)), list(arms), rotation=30, fontsize=8)
+        axis.set_xlim(-0.5, len(arms) - 0.5)
+        axis.set_title(f"{rung}: runs whose twin died (x: diverged)", fontsize=9)
+        axis.set_ylabel("final loss - exact attention's")
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def write_report(result: dict, stem: Path) -> None:
+    stem.with_suffix(".md").write_text("\n".join(lines(result)) + "\n")
+    plot(result, stem.with_suffix(".png"))
