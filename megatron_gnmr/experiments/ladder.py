@@ -14,12 +14,12 @@ traced), the `healthy` run and `exact-attention`. From them:
   healthy runs (`detection.evaluate`: early and right, before death, false alarms), with its
   spend on the dying twins, the kernel probe's FLOPs included where it reads the probe;
 - **the choice** (`choose_for_held_out`), made here and committed before any held-out seed:
-  the rungs that kill (their twins died on at least half the seeds: `killing_rungs`), then among our detectors
-  (the probe's families and GNMR; never the oracle, never TE's) the setting that fires on no
-  healthy run and names the faulted layers before the onset of harm on the most dying twins of
-  those rungs, then the best worst rung, then the longest median lead, then the highest
-  threshold; TE's rule at its best by the same measure, per family (with and without the
-  latch, with and without O).
+  the rungs that kill (their twins died on at least half the seeds: `killing_rungs`), then
+  among our detectors (the probe's families and GNMR; never the oracle, never TE's) the
+  setting that fires on no healthy run and names the faulted layers before the onset of harm
+  on the most dying twins of those rungs, then the best worst rung, then the longest median
+  lead, then the highest threshold; TE's rule at its best by the same measure, per family
+  (with and without the latch, with and without O).
 Writes DIR/ladder.{md,json} and DIR/ladder.png.
 """
 
@@ -88,7 +88,7 @@ def killing_rungs(rungs: dict[str, dict]) -> list[str]:
     lethal when it died or ended above exact attention by the deciding margin, and at that
     margin (0.0150) the unbiased control nearest1 was lethal on 3 of 7 seeds (+0.022, +0.016,
     +0.108), so harm alone did not separate a biased fault from chance; and the held-out
-    round judges an arm only on the seeds whose twin died (`ladder_verdicts._dying`), so a
+    round judges an arm only on the seeds whose twin died (`ladder_verdicts.dying_seeds`), so a
     rung that harms without killing (down2: 0 of 7 died) would run every arm for nothing
     judged. The margins still decide whether a saved run ended unharmed."""
     return [rung for rung, r in rungs.items() if r["judged"] and 2 * r["died"] >= r["judged"]]

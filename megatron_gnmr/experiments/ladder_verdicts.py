@@ -1,6 +1,6 @@
 """`megatron-gnmr compare-ladder-held-out SCENARIO`: the fault ladder's held-out round,
-judged once (issue 56), from the committed summaries and traces; writes DIR/held_out.{json,md,png}
-(`ladder_held_out_report`).
+judged once (issue 56), from the committed summaries and traces; writes
+DIR/held_out.{json,md,png} (`ladder_held_out_report`).
 
 The scenario (written by `ladder_held_out.py` from the training round's choice) runs per seed,
 for each rung that kills, the twin and every arm (`ARM@RUNG`), and per seed `healthy`,

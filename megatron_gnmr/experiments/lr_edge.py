@@ -227,7 +227,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_location_arguments(parser)
     parser.add_argument("--ladder", default="docs/runs/attention_ladder/ladder.json",
                         help="the ladder's committed choice, whose detectors are replayed on "
-                        "the probe arms (default: %(default)s)")
+                        "the traced arm (default: %(default)s)")
     parser.add_argument("--traced-arm", default="probe",
                         help="the uncontrolled FP8 arm that traces every detector's quantity, "
                         "whose runs the detectors are replayed on (default: %(default)s; "

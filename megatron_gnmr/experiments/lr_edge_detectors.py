@@ -90,7 +90,8 @@ def _layer(unit: str) -> int:
 def lines(result: dict | None, probes: dict) -> list[str]:
     if not probes:
         return []
-    head = ["", "## What the ladder's detectors see here (FP8, uncontrolled, every quantity traced)", ""]
+    head = ["", "## What the ladder's detectors see here (FP8, uncontrolled, every quantity "
+            "traced)", ""]
     if result is None:
         return head + ["No ladder choice is committed yet (docs/runs/attention_ladder/"
                        "ladder.json): the detectors are not replayed; the probe's statistics "
