@@ -1,0 +1,102 @@
+"""The fault ladder's held-out round, run in the order that answers the most per CPU-hour
+(issue 56): `python -m megatron_gnmr.experiments.ladder_held_out_runs --seeds 101 103 ...`.
+Two processes, each on its own seeds, make the round two runs at a time
+(scripts/reproduce/attention_ladder_heldout.sh); each run is one `megatron-gnmr reproduce`,
+which skips a run whose summary exists, so an interrupted round resumes.
+
+Two passes over the seeds:
+- pass A, per seed: every twin (short when it dies), exact attention, the healthy run, then on
+  each rung whose twin died the chosen arm and TE's rule allowed to see O (TE's best in the
+  training round);
+- pass B, per seed: the other arms on each rung whose twin died.
+After each pass, per seed: `healthy-ARM` for each arm of the pass whose replay on the healthy
+trace fires; where it does not, the live run would be the healthy run bit for bit.
+
+An arm on a rung whose twin lived is not run: the verdicts (`ladder_verdicts.dying_seeds`)
+judge an arm only on the seeds whose twin died.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from megatron_gnmr.experiments.ladder import HEALTHY, TWIN_PREFIX
+from megatron_gnmr.experiments.ladder_verdicts import arms_and_rungs
+
+NAME = "attention_ladder_heldout"
+PASSES = (("chosen", "te-o"), ("te-latch", "te-nolatch", "first-layer", "random", "gnmr"))
+
+
+def pass_runs(scenario, seed: int, arms, died: Callable[[str, int], bool]) -> Iterator[str]:
+    """A pass's runs of one seed before its healthy replays, in order; `died(variant, seed)`
+    is asked once the twins have run."""
+    _, rungs = arms_and_rungs(scenario)
+    yield from [f"{TWIN_PREFIX}{rung}" for rung in rungs] + ["exact-attention", HEALTHY]
+    for rung in rungs:
+        if died(f"{TWIN_PREFIX}{rung}", seed):
+            yield from (f"{arm}@{rung}" for arm in arms if f"{arm}@{rung}" in scenario.variants)
+
+
+def healthy_runs(scenario, seed: int, arms, fires: Callable[[str, int], bool]) -> list[str]:
+    """`healthy-ARM` of each arm whose rule, replayed on the seed's healthy trace, fires."""
+    out = []
+    for arm in arms:
+        rule = next((v for v in scenario.variants if v.startswith(f"{arm}@")), None)
+        if rule and f"{HEALTHY}-{arm}" in scenario.variants and fires(rule, seed):
+            out.append(f"{HEALTHY}-{arm}")
+    return out
+
+
+def _reproduce(out: Path, variant: str, seed: int) -> None:
+    subprocess.run([sys.executable, "-m", "megatron_gnmr.cli", "reproduce", NAME, "--jobs", "1",
+                    "--out", str(out), "--variants", variant, "--seeds", str(seed)], check=False)
+
+
+def _died(out: Path) -> Callable[[str, int], bool]:
+    from megatron_gnmr.experiments.closed_loop_runs import run_summary
+
+    def died(variant: str, seed: int) -> bool:
+        run_dir = out / f"{variant}-seed{seed}"
+        return (run_dir / "summary.json").is_file() and \
+            run_summary(run_dir)["diverged_at"] is not None
+    return died
+
+
+def _fires(scenario, out: Path) -> Callable[[str, int], bool]:
+    from megatron_gnmr.experiments import detection_traces
+    from megatron_gnmr.experiments.held_out import fires_on
+
+    def fires(rule: str, seed: int) -> bool:
+        healthy = out / f"{HEALTHY}-seed{seed}"
+        if not (healthy / "summary.json").is_file():
+            return False
+        trace = out / f"{HEALTHY}-seed{seed}.npz"
+        if not trace.is_file():
+            detection_traces.write(healthy, trace)
+        return fires_on(detection_traces.read(trace).trace, scenario, rule, seed) is not None
+    return fires
+
+
+def main(argv: list[str] | None = None) -> None:
+    from megatron_gnmr.experiments.scenario import load_scenario
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", nargs="+", type=int, required=True)
+    parser.add_argument("--out", type=Path, default=Path("results") / NAME)
+    args = parser.parse_args(argv)
+    scenario = load_scenario(NAME)
+    died, fires = _died(args.out), _fires(scenario, args.out)
+    for arms in PASSES:
+        for seed in args.seeds:
+            for variant in pass_runs(scenario, seed, arms, died):
+                _reproduce(args.out, variant, seed)
+            for variant in healthy_runs(scenario, seed, arms, fires):
+                _reproduce(args.out, variant, seed)
+
+
+if __name__ == "__main__":
+    main()
