@@ -90,6 +90,35 @@ def test_the_paired_sign_test_by_hand():
     assert sign_test_one_sided(0, 0) == 1.0
 
 
+def _unit_steps(flags: list[str], steps: int = 40) -> list[tuple[int, ...]]:
+    """The units a live run with these flags recovers per step, on 4 core attentions."""
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.controller.policy import GNMRPolicy
+    from megatron_gnmr.controller.signals.random_units import RandomSignal
+
+    gnmr = parse_config(["--attention-precision", "fp8", "--gnmr", "--gnmr-units",
+                         "core_attention", *flags], announce=False).gnmr
+    policy = GNMRPolicy(gnmr.policy_config(), 4)
+    signal = RandomSignal([f"u{i}" for i in range(4)], gnmr.signal_settings(run_seed=1))
+    return [policy.step([1.0] * 4, other_risk=signal.scores(None), use_gnmr=False).recovery
+            for _ in range(steps)]
+
+
+def test_the_random_arm_keeps_two_units_as_the_chosen_arm_does_not_a_bucket_of_1_5():
+    """The held-out random arm: after the warm-up (2 decisions) the same 2 of 4 units every
+    step, 50% of the unit-steps as the latched chosen arm spends. The bucket it replaced (rate
+    0.4986, capped at max_o 2, rounded down) recovers 2, 1, 2, 1: 37.5%."""
+    from megatron_gnmr.experiments.ladder_held_out import arms
+
+    result = {"chosen": "probe-output-sign 1", "best": {}}
+    kept = _unit_steps(arms(result)["random"])
+    assert kept[:2] == [(), ()] and len(set(kept[2:])) == 1 and len(kept[2]) == 2
+    bucket = _unit_steps(["--gnmr-max-o", "2", "--gnmr-t-lock", "0", "--gnmr-delta", "1",
+                          "--gnmr-warmup", "2", "--no-gnmr-latch", "--gnmr-signals", "random",
+                          "--gnmr-budget-rate", "0.4986"])
+    assert sum(map(len, bucket[10:])) / (4 * 30) == 0.375
+
+
 def test_a_settings_flags_make_a_live_run_decide_as_its_replay():
     """Every ladder family's setting, written as flags for the held-out scenario and parsed
     back as a run parses them, gives the policy and the signal settings its replay uses."""
@@ -152,6 +181,49 @@ def test_the_ladder_held_out_verdicts_and_tests_by_hand(monkeypatch):
     assert compared["healthy"]["chosen"] == compared["healthy"]["rival"] == 0
 
 
+def test_a_run_on_another_cpu_is_not_run_a_missing_seed_leaves_the_round_open_and_twins_alone_are_replayed(monkeypatch):  # noqa: E501
+    """TE's seed-1 run made on CPU model B (its twin and exact attention on A) counts as not
+    run; seed 5, in the scenario but never run, keeps the round incomplete, so no goal is met
+    or missed; the twin without arms (s) is replayed per arm: on seed 1 the rule would first
+    recover layer 1 (faulted) at step 50, on seed 2 never."""
+    from types import SimpleNamespace
+
+    from megatron_gnmr.experiments import ladder_verdicts
+
+    def run(final=3.0, died=None, cpu="A"):
+        return {"final_train_loss": final, "diverged_at": died, "cpu": cpu,
+                "recovered_share_of_executed_steps": 0.5, "first_recovery": 5}
+
+    table = {"exact-attention": {s: run() for s in (1, 2)},
+             "twin-r": {s: run(9.0, died=400) for s in (1, 2)},
+             "chosen@r": {s: run(3.0) for s in (1, 2)},
+             "te@r": {1: run(3.0, cpu="B"), 2: run(3.0)},
+             "twin-s": {1: run(3.2), 2: run(9.0, died=100)}}
+    scenario = SimpleNamespace(seeds=[1, 2, 5], base=[], variants={v: [] for v in (
+        "twin-r", "chosen@r", "te@r", "twin-s", "healthy-chosen", "healthy-te")})
+    units = ["layers.0.self_attention.core_attention", "layers.1.self_attention.core_attention"]
+    traces = {("healthy", 1): SimpleNamespace(trace=None), ("healthy", 2): SimpleNamespace(
+        trace=None), **{("twin-s", s): SimpleNamespace(trace=SimpleNamespace(units=units, seed=s),
+                                                       fault_layers=[1]) for s in (1, 2)}}
+    monkeypatch.setattr(ladder_verdicts, "fires_on", lambda *args: None)
+    monkeypatch.setattr(ladder_verdicts, "first_recovery", lambda trace, scenario, rule, seed: (
+        (50, (1,)) if trace.seed == 1 else (None, ())))
+    judged = ladder_verdicts.verdicts(scenario, table, traces, {"exact": 0.05}, 0.0)
+    assert not judged["r"]["te"][1]["ran"] and judged["r"]["te"][2]["ran"]
+    assert ladder_verdicts.dying_seeds(judged["r"]["te"]).keys() == {2}
+    assert not ladder_verdicts.complete(scenario, table, traces, judged)
+    scenario.seeds = [1, 2]
+    assert not ladder_verdicts.complete(scenario, table, traces, judged)  # te on seed 1
+    table["te@r"][1]["cpu"] = "A"
+    judged = ladder_verdicts.verdicts(scenario, table, traces, {"exact": 0.05}, 0.0)
+    assert ladder_verdicts.complete(scenario, table, traces, judged)
+    replayed = ladder_verdicts.secondary(scenario, table, traces)
+    assert list(replayed) == ["s"] and list(replayed["s"]) == ["chosen", "te"]
+    assert replayed["s"]["chosen"][1] == {"fires_at": 50, "layers": [1], "names_faulted": True,
+                                          "twin_died_at": None, "gap": pytest.approx(0.2)}
+    assert replayed["s"]["te"][2]["fires_at"] is None and replayed["s"]["te"][2]["gap"] is None
+
+
 def test_the_held_out_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, tmp_path):
     """The same four seeds: the chosen arm saved 3 (exact margin) and 4 (healthy) of 4 at
     50% + 0.5% spend; TE saved 1 and 1, diverged twice. Fisher's one-sided p at the exact
@@ -161,7 +233,7 @@ def test_the_held_out_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, 
     from megatron_gnmr.experiments import ladder_verdicts
 
     judged, compared, margins = _held_out_by_hand(monkeypatch)
-    goal = ladder_verdicts.goal(judged["r"], {"te": compared}, 0.01, ["te"])
+    goal = ladder_verdicts.goal(judged["r"], {"te": compared}, 0.01, ["te"], whole=True)
     result = {"margins": margins, "rungs": {"r": {
         "arms": judged["r"], "versus_chosen": {"te": compared}, "goal": goal}}}
     text = "\n".join(report.lines(result))
@@ -175,6 +247,16 @@ def test_the_held_out_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, 
     assert "saved 3 of 4 dying runs (needs 4" in text and "**Not met.**" in text
     report.write_report(result, tmp_path / "held_out")
     assert (tmp_path / "held_out.png").stat().st_size > 0
+    open_round = {**result, "complete": False, "secondary": {"s": {"chosen": {
+        1: {"fires_at": 50, "layers": [1], "names_faulted": True, "twin_died_at": None,
+            "gap": 0.2},
+        2: {"fires_at": None, "layers": [], "names_faulted": None, "twin_died_at": 100,
+            "gap": None}}}}}
+    open_round["rungs"]["r"]["goal"] = ladder_verdicts.goal(
+        judged["r"], {"te": compared}, 0.01, ["te"], whole=False)
+    text = "\n".join(report.lines(open_round))
+    assert "**The round is not complete**" in text and "**Not judged" in text
+    assert "| s | +0.200, x | chosen | 1/2 | 50 | 1/1 |" in text
 
 
 def _probe_trace(path, delta_error, loss):

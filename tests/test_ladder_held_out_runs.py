@@ -2,10 +2,15 @@
 
 from types import SimpleNamespace
 
-from megatron_gnmr.experiments.ladder_held_out_runs import PASSES, healthy_runs, pass_runs
+from megatron_gnmr.experiments.ladder_held_out_runs import (
+    PASSES,
+    healthy_runs,
+    pass_runs,
+    secondary_twins,
+)
 
 SCENARIO = SimpleNamespace(variants={v: [] for v in (
-    "healthy", "exact-attention", "twin-a", "twin-b",
+    "healthy", "exact-attention", "twin-a", "twin-b", "twin-alone",
     "chosen@a", "te-o@a", "te-latch@a", "random@a",
     "chosen@b", "te-o@b", "te-latch@b", "random@b",
     "healthy-chosen", "healthy-te-o", "healthy-te-latch", "healthy-random")})
@@ -28,6 +33,7 @@ def test_a_pass_runs_the_twins_first_and_arms_only_on_the_rung_whose_twin_died()
     assert run_pass(7, PASSES[0]) == [*base, "chosen@a", "te-o@a"]
     assert run_pass(7, PASSES[1]) == [*base, "te-latch@a", "random@a"]
     assert run_pass(8, PASSES[0]) == base
+    assert secondary_twins(SCENARIO) == ["twin-alone"]  # run last, in a pass of their own
 
 
 def test_a_healthy_arm_runs_only_where_its_rule_fires_on_the_healthy_trace():

@@ -41,9 +41,10 @@ def rules_of(scenario) -> list[str]:
     return [v for v in scenario.variants if f"{HEALTHY}-{v}" in scenario.variants]
 
 
-def fires_on(trace, scenario, rule: str, seed: int) -> int | None:
-    """The step the rule's first recovery would come on this trace (None: never), replayed
-    with the live run's own policy and signal settings (the variant's flags parsed)."""
+def first_recovery(trace, scenario, rule: str, seed: int) -> tuple[int | None, tuple[int, ...]]:
+    """The step the rule's first recovery would come on this trace (None: never) and the units
+    it would recover, replayed with the live run's own policy and signal settings (the
+    variant's flags parsed)."""
     from megatron_gnmr.arguments import parse_config
     from megatron_gnmr.controller.replay import Decisions
 
@@ -52,8 +53,13 @@ def fires_on(trace, scenario, rule: str, seed: int) -> int | None:
     for step, decision in zip(trace.steps, Decisions(trace, gnmr.policy_config(),
                                                      gnmr.signal_settings(seed))):
         if decision.recovery:
-            return step + 1
-    return None
+            return step + 1, decision.recovery
+    return None, ()
+
+
+def fires_on(trace, scenario, rule: str, seed: int) -> int | None:
+    """The step the rule's first recovery would come on this trace (None: never)."""
+    return first_recovery(trace, scenario, rule, seed)[0]
 
 
 def judge(scenario, table: dict, traces: dict) -> dict:

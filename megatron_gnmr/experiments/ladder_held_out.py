@@ -14,11 +14,18 @@ where an arm is defined otherwise and says so:
 - `gnmr`: GNMR at its best setting, with the latch;
 - `first-layer`: the static rule that keeps layer 0's core attention exact throughout
   (Megatron's first-layer rule, for the attention);
-- `random`: units drawn at random under a bucket at the chosen rule's spend on the training
-  twins (equal spend needs a bucket: the one arm that has one, by definition).
+- `random`: two units drawn at random after the warm-up and kept (latched), as the chosen
+  rule keeps the two it names: the same rules and about the same spend, only the choice of
+  units differs. (Corrected before any random run, after review: the first version drew under
+  a bucket at the chosen rule's training spend, 0.4986, which capped at max_o and rounded
+  down allows 2, 1, 2, 1 units a step, 37.5%, not 50%.)
 Shared per seed: `healthy` and `exact-attention`. A rule's `healthy-ARM` run is made only on
 seeds where its replay on the healthy trace fires (otherwise it is the healthy run, bit for
 bit).
+
+`SECONDARY` rungs run their twin alone, no arm: every arm's rule is replayed on their traces
+(does it act on a graded fault that harms without killing, on a harmless biased one, on the
+unbiased control?). Added after review, before any of their runs.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from megatron_gnmr.experiments.ladder import TWIN_PREFIX
 HELD_OUT_SEEDS = list(range(101, 117))
 ATTENTION_UNITS = 4  # the testbed's core attentions
 FIRST_LAYER = r"layers\.0\.self_attention\.core_attention$"
+# down2 harmed 3 of 7 training twins by +0.23 to +0.44 without killing any; share5 is the
+# weakest biased rung (a twentieth of the elements, no harm); nearest1 is the unbiased control
+SECONDARY = ("down2", "share5", "nearest1")
 SCENARIO = Path(__file__).resolve().parents[2] / "configs" / "scenarios"
 
 
@@ -77,9 +87,7 @@ def arms(result: dict) -> dict[str, list[str]]:
             out[arm] = setting_flags(parse_label(best[family]))
     out["first-layer"] = [*fair, "--gnmr-latch", "--gnmr-signals", "static",
                           "--gnmr-static-units", FIRST_LAYER]
-    rate = result["chosen_spend"]
-    out["random"] = [*fair, "--no-gnmr-latch", "--gnmr-signals", "random",
-                     "--gnmr-budget-rate", f"{rate:.4f}"]
+    out["random"] = [*fair, "--gnmr-latch", "--gnmr-signals", "random"]
     return out
 
 
@@ -92,6 +100,8 @@ def write_scenario(result: dict, training: dict, path: Path) -> None:
         variants[TWIN_PREFIX + rung] = training["variants"][TWIN_PREFIX + rung]
         for arm, flags in controlled.items():
             variants[f"{arm}@{rung}"] = [*training["variants"][TWIN_PREFIX + rung], *flags]
+    for rung in SECONDARY:
+        variants[TWIN_PREFIX + rung] = training["variants"][TWIN_PREFIX + rung]
     for arm, flags in controlled.items():
         variants[f"healthy-{arm}"] = ["--attention-fault-bits", "0", *flags]
     description = (
@@ -99,9 +109,9 @@ def write_scenario(result: dict, training: dict, path: Path) -> None:
         "from docs/runs/attention_ladder/ladder.json (the training round's committed choice) "
         f"before any of these seeds ran. Rungs that kill: {', '.join(result['lethal_rungs'])}. "
         f"Chosen: {result['chosen']}; TE's best: {result['rivals']}; GNMR's best: "
-        f"{result['best'].get('gnmr-latch')}; random at the chosen rule's training spend "
-        f"{result['chosen_spend']:.4f}. Every arm at most 2 units, no bucket, latched, except "
-        "te-nolatch (no latch, as TE's pull request) and random (a bucket at equal spend).")
+        f"{result['best'].get('gnmr-latch')}; random: two units drawn after the warm-up and "
+        "kept. Every arm at most 2 units, no bucket, latched, except te-nolatch (no latch, as "
+        f"TE's pull request). Twins alone, every rule replayed on them: {', '.join(SECONDARY)}.")
     scenario = {"description": description, "base": base, "smoke": training.get("smoke", []),
                 "seeds": HELD_OUT_SEEDS, "smoke_seeds": [HELD_OUT_SEEDS[0]],
                 "reference": "healthy", "variants": variants}

@@ -27,8 +27,8 @@ def _arm_row(arm: str, per_seed: dict, versus: dict | None) -> str:
     spend = "-" if not spends else (f"{statistics.fmean(r for r, _ in spends):.1%} + "
                                     f"{statistics.fmean(p for _, p in spends):.1%}")
     tests = "-" if versus is None else " / ".join(
-        f"{_p(versus[key]['sign_p_chosen_better'])} ({_p(versus[key]['fisher_p_chosen_better'])})"
-        for key in ("failed_at_exact", "failed_at_healthy"))
+        f"{_p(versus[key][f'sign_p_{side}_better'])} ({_p(versus[key][f'fisher_p_{side}_better'])})"
+        for side in ("chosen", "rival") for key in ("failed_at_exact", "failed_at_healthy"))
     return (f"| {arm} | {len(dying)} | {saved['exact']} | {saved['healthy']} | "
             f"{sum(v['diverged'] for v in dying.values())} | "
             f"{', '.join(f'{g:+.3f}' for g in gaps) or '-'} | {spend} | "
@@ -38,12 +38,13 @@ def _arm_row(arm: str, per_seed: dict, versus: dict | None) -> str:
 def _goal_line(goal: dict) -> str:
     need = math.ceil(GOAL["saved"] * goal["dying"] / 16)
     beats = ", ".join(f"{arm} {'yes' if won else 'no'}" for arm, won in goal["beats"].items())
+    verdict = {True: "Met", False: "Not met", None: "Not judged: the round is incomplete"}
     return (f"Goal: saved {goal['saved']} of {goal['dying']} dying runs (needs {need}: 14 of 16 "
             f"scaled), healthy runs acted on {goal['healthy_acted']} (at most "
             f"{GOAL['healthy_acted']}), the probe {goal['probe_share']:.2%} of the attention's "
             f"FLOPs (at most {GOAL['probe_share']:.0%}), better than each of TE's arms (paired "
             f"p < {GOAL['p']} at the exact margin, no more healthy runs acted on): "
-            f"{beats or '-'}. **{'Met' if goal['met'] else 'Not met'}.**")
+            f"{beats or '-'}. **{verdict[goal['met']]}.**")
 
 
 def lines(result: dict) -> list[str]:
@@ -55,8 +56,13 @@ def lines(result: dict) -> list[str]:
            "of exact attention of its seed (final loss, mean of the last 300 steps). Spend: "
            "the share of the core attentions' unit-steps it ran exact + the kernel probe's "
            "FLOPs. Acted on a healthy run: its replay on the healthy trace fires. Tests against "
-           "the chosen arm, one-sided (the chosen arm fails less): the paired sign test over "
-           "the seeds both ran (Fisher's exact test), at the exact / healthy margin."]
+           "the chosen arm, one-sided each way: the paired sign test over the seeds both ran "
+           "(Fisher's exact test). A run made on another CPU model than its twin's and exact "
+           "attention's counts as not run."]
+    if not result.get("complete", True):
+        out += ["", "**The round is not complete** (a seed lacks a twin, exact attention or "
+                "a healthy trace, or an arm has not run where the twin died): no goal is met "
+                "or missed yet."]
     for rung, judged in result["rungs"].items():
         twins = next(iter(judged["arms"].values()), {})
         died = sorted(v["twin_died_at"] for v in twins.values() if v["twin_died_at"])
@@ -64,14 +70,35 @@ def lines(result: dict) -> list[str]:
                 f"{f' (median step {statistics.median(died):.0f})' if died else ''}", "",
                 "| arm | dying seeds judged | saved (exact margin) | saved (healthy margin) | "
                 "diverged | gaps to exact of those that lived | spend | healthy acted on | "
-                "p, chosen better: sign (Fisher) |",
+                "p, chosen better at exact / healthy margin, then rival better: sign (Fisher) |",
                 "|---|---|---|---|---|---|---|---|---|"]
         for arm, per_seed in judged["arms"].items():
             out.append(_arm_row(arm, per_seed, None if arm == CHOSEN
                                 else judged["versus_chosen"].get(arm)))
         out += ["", _goal_line(judged["goal"])]
+    out += _secondary_lines(result.get("secondary", {}))
     if result.get("cpus"):
         out += ["", f"Runs made on: {', '.join(result['cpus'])}."]
+    return out
+
+
+def _secondary_lines(secondary: dict) -> list[str]:
+    """The twins without arms: what each arm's rule would do on them, replayed."""
+    if not secondary:
+        return []
+    out = ["", "## Rungs run as twins alone: every arm's rule replayed on them", "",
+           "| rung | twins' gaps to exact (x: died) | arm | fires | first recovery (median "
+           "step) | names a faulted layer |", "|---|---|---|---|---|---|"]
+    for rung, by_arm in secondary.items():
+        for arm, per_seed in by_arm.items():
+            fired = [v for v in per_seed.values() if v["fires_at"] is not None]
+            fates = ", ".join("x" if v["twin_died_at"] else
+                              ("?" if v["gap"] is None else f"{v['gap']:+.3f}")
+                              for v in per_seed.values())
+            steps = [v["fires_at"] for v in fired]
+            out.append(f"| {rung} | {fates or '-'} | {arm} | {len(fired)}/{len(per_seed)} | "
+                       f"{statistics.median(steps) if steps else '-'} | "
+                       f"{sum(bool(v['names_faulted']) for v in fired)}/{len(fired)} |")
     return out
 
 

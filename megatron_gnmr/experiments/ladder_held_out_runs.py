@@ -8,8 +8,10 @@ Two passes over the seeds:
 - pass A, per seed: every twin (short when it dies), exact attention, the healthy run, then on
   each rung whose twin died the chosen arm and TE's rule allowed to see O (TE's best in the
   training round);
-- pass B, per seed: the other arms on each rung whose twin died.
-After each pass, per seed: `healthy-ARM` for each arm of the pass whose replay on the healthy
+- pass B, per seed: the other arms on each rung whose twin died;
+- pass C, per seed: the twins that run alone (`ladder_held_out.SECONDARY`), on which every
+  arm's rule is replayed, not run.
+After passes A and B, per seed: `healthy-ARM` for each arm of the pass whose replay on the healthy
 trace fires; where it does not, the live run would be the healthy run bit for bit.
 
 An arm on a rung whose twin lived is not run: the verdicts (`ladder_verdicts.dying_seeds`)
@@ -39,6 +41,13 @@ def pass_runs(scenario, seed: int, arms, died: Callable[[str, int], bool]) -> It
     for rung in rungs:
         if died(f"{TWIN_PREFIX}{rung}", seed):
             yield from (f"{arm}@{rung}" for arm in arms if f"{arm}@{rung}" in scenario.variants)
+
+
+def secondary_twins(scenario) -> list[str]:
+    """The twins with no arm: run alone, every arm's rule replayed on their traces."""
+    _, rungs = arms_and_rungs(scenario)
+    return [v for v in scenario.variants
+            if v.startswith(TWIN_PREFIX) and v[len(TWIN_PREFIX):] not in rungs]
 
 
 def healthy_runs(scenario, seed: int, arms, fires: Callable[[str, int], bool]) -> list[str]:
@@ -96,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
                 _reproduce(args.out, variant, seed)
             for variant in healthy_runs(scenario, seed, arms, fires):
                 _reproduce(args.out, variant, seed)
+    for seed in args.seeds:
+        for variant in secondary_twins(scenario):
+            _reproduce(args.out, variant, seed)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ from megatron_gnmr.experiments.closed_loop_statistics import (
     fisher_one_sided,
     sign_test_one_sided,
 )
-from megatron_gnmr.experiments.held_out import fires_on
+from megatron_gnmr.experiments.held_out import fires_on, first_recovery
 from megatron_gnmr.experiments.ladder import EXACT, HEALTHY, TWIN_PREFIX
 from megatron_gnmr.experiments.run_summaries import add_location_arguments, collect, locations
+from megatron_gnmr.precision.attention_fault import layer_of
 
 CHOSEN = "chosen"
 GOAL = {"saved": 14, "healthy_acted": 1, "probe_share": 0.02, "p": 0.05}  # of 16 seeds
@@ -57,6 +58,8 @@ def verdicts(scenario, table: dict, traces: dict, margins: dict, probe_share: fl
             per_seed = {}
             for seed, twin in sorted(twins.items()):
                 run = runs.get(seed)
+                if run is not None and not one_cpu(twin, exact.get(seed), run):
+                    run = None  # paired only on one CPU model: counted as not run
                 gap = None if run is None or run["diverged_at"] is not None or \
                     seed not in exact else run["final_train_loss"] - exact[seed]["final_train_loss"]
                 healthy = traces.get((HEALTHY, seed))
@@ -80,6 +83,56 @@ def verdicts(scenario, table: dict, traces: dict, margins: dict, probe_share: fl
                 per_seed[seed] = verdict
             out[rung][arm] = per_seed
     return out
+
+
+def one_cpu(*runs) -> bool:
+    """Whether the runs given (None: absent) were made on one CPU model: a twin, its exact
+    attention and an arm pair only there (GEMMs round differently across models)."""
+    return len({r.get("cpu") for r in runs if r is not None}) <= 1
+
+
+def secondary(scenario, table: dict, traces: dict) -> dict:
+    """{rung: {arm: {seed: replay}}} for each twin without arms (`ladder_held_out.SECONDARY`):
+    where each arm's rule, replayed on the twin's trace, would first recover, whether that
+    recovery names a faulted layer, and the twin's final-loss gap to exact attention."""
+    arms, rungs = arms_and_rungs(scenario)
+    exact = table.get(EXACT, {})
+    out = {}
+    for variant in scenario.variants:
+        rung = variant[len(TWIN_PREFIX):]
+        if not variant.startswith(TWIN_PREFIX) or rung in rungs:
+            continue
+        out[rung] = {}
+        for arm in arms:
+            rule = f"{HEALTHY}-{arm}"  # the arm's flags on no fault: only its rule is read
+            per_seed = {}
+            for seed, twin in sorted(table.get(variant, {}).items()):
+                loaded = traces.get((variant, seed))
+                if loaded is None or not one_cpu(twin, exact.get(seed)):
+                    continue
+                step, units = first_recovery(loaded.trace, scenario, rule, seed)
+                layers = {layer_of(loaded.trace.units[u]) for u in units}
+                per_seed[seed] = {
+                    "fires_at": step, "layers": sorted(layers),
+                    "names_faulted": bool(layers & set(loaded.fault_layers)) if units else None,
+                    "twin_died_at": twin["diverged_at"],
+                    "gap": None if twin["diverged_at"] is not None or seed not in exact else
+                    twin["final_train_loss"] - exact[seed]["final_train_loss"]}
+            out[rung][arm] = per_seed
+    return out
+
+
+def complete(scenario, table: dict, traces: dict, judged: dict) -> bool:
+    """Every seed has its twins, exact attention and a healthy trace, and every arm has run on
+    every seed whose twin died: until then no goal is met or missed."""
+    arms, rungs = arms_and_rungs(scenario)
+    for seed in scenario.seeds:
+        if seed not in table.get(EXACT, {}) or (HEALTHY, seed) not in traces:
+            return False
+        if any(seed not in table.get(TWIN_PREFIX + rung, {}) for rung in rungs):
+            return False
+    return all(v["ran"] for by_arm in judged.values() for per_seed in by_arm.values()
+               for v in per_seed.values() if v["twin_died_at"])
 
 
 def dying_seeds(per_seed: dict) -> dict:
@@ -118,10 +171,12 @@ def comparisons(by_arm: dict, margins: dict) -> dict:
     return out
 
 
-def goal(by_arm: dict, compared: dict, probe_share: float, rivals: list[str]) -> dict:
+def goal(by_arm: dict, compared: dict, probe_share: float, rivals: list[str], *,
+         whole: bool) -> dict:
     """The issue's goal on one rung: saved >= 14 of the dying runs (of 16 seeds), at most 1
     healthy run acted on, the probe within 2% of the attention's FLOPs, and against TE's best
-    arm a paired p < 0.05 on failures (exact margin) and no worse on healthy runs."""
+    arm a paired p < 0.05 on failures (exact margin) and no worse on healthy runs. Not met
+    while the round is not `whole` (`complete`): `met` is then None."""
     dying = dying_seeds(by_arm[CHOSEN])
     saved = sum(not v["failed_at_exact"] for v in dying.values())
     acted = sum(v["healthy_fires_at"] is not None for v in by_arm[CHOSEN].values())
@@ -130,7 +185,8 @@ def goal(by_arm: dict, compared: dict, probe_share: float, rivals: list[str]) ->
               for arm in rivals if arm in compared}
     return {"dying": len(dying), "saved": saved, "healthy_acted": acted,
             "probe_share": probe_share, "beats": versus,
-            "met": saved >= GOAL["saved"] * len(dying) / 16 and acted <= GOAL["healthy_acted"]
+            "met": None if not whole else
+            saved >= GOAL["saved"] * len(dying) / 16 and acted <= GOAL["healthy_acted"]
             and probe_share <= GOAL["probe_share"] and bool(versus) and all(versus.values())}
 
 
@@ -157,11 +213,13 @@ def run(args: argparse.Namespace) -> dict:
     probe = training.get("probe_share", 0.0)
     judged = verdicts(scenario, table, traces, training["margins"], probe)
     rivals = [arm for arm in arms_and_rungs(scenario)[0] if arm.startswith("te")]
-    result = {"margins": training["margins"], "rungs": {}}
+    whole = complete(scenario, table, traces, judged)
+    result = {"margins": training["margins"], "complete": whole, "rungs": {},
+              "secondary": secondary(scenario, table, traces)}
     for rung, by_arm in judged.items():
         compared = comparisons(by_arm, training["margins"])
         result["rungs"][rung] = {"arms": by_arm, "versus_chosen": compared,
-                                 "goal": goal(by_arm, compared, probe, rivals)}
+                                 "goal": goal(by_arm, compared, probe, rivals, whole=whole)}
     result["cpus"] = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
     (summaries / "held_out.json").write_text(json.dumps(result, indent=1) + "\n")
     write_report(result, summaries / "held_out")

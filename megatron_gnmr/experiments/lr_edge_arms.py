@@ -11,7 +11,7 @@ pair with BF16 on the controller round's testbed. Where FP8 fails and BF16 lives
 (`failing_lrs`), per seed: BF16 and FP8 again (so that every arm pairs with them on one CPU
 model and one version of the code), and the
 ladder's arms (`ladder_held_out.arms`: the chosen detector, TE's rule with and without the
-latch and allowed to see O, GNMR, the first-layer rule, random at the chosen spend), each on
+latch and allowed to see O, GNMR, the first-layer rule, random: two units drawn and kept), each on
 the core attentions, under the ladder's one rule. Nothing here is tuned at the edge: the
 settings are the ladder's training round's, committed before this file exists.
 """
@@ -61,8 +61,8 @@ def write_scenario(ladder: dict, lr_edge: dict, sweep: dict, path: Path) -> list
         "its seeds, its judged result) before any of these runs: at the LRs where FP8 fails "
         f"and BF16 does not ({', '.join(spelled)}), "
         "BF16 and FP8 again and the ladder's arms on the core attentions at the settings its "
-        f"training round chose (chosen: {ladder['chosen']}; random at {ladder['chosen_spend']:.4f} "
-        "of unit-steps).")
+        f"training round chose (chosen: {ladder['chosen']}; random: two units drawn after the "
+        "warm-up and kept).")
     scenario = {"description": description, "base": sweep["base"],
                 "smoke": sweep.get("smoke", []), "seeds": sweep["seeds"],
                 "smoke_seeds": sweep.get("smoke_seeds", sweep["seeds"][:1]),

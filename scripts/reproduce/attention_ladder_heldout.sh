@@ -5,8 +5,9 @@
 # experiments/ladder_held_out_runs.py (twins, exact attention and the healthy run, then the
 # arms only where the twin died, the chosen arm and TE's rule with O first); then
 # compare-ladder-held-out. About 9 minutes of one core per full run on an Intel Xeon, some
-# 16 runs a seed; an interrupted round resumes where it stopped. --smoke: every variant of
-# the first seed at the smoke size, nothing judged.
+# 16 runs a seed, then the twins that run alone (3 a seed); an interrupted round resumes
+# where it stopped. --smoke: every variant of the first seed at the smoke size, nothing
+# judged.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup_env.sh
