@@ -24,7 +24,7 @@ def build_parser():
         frontier,
         held_out,
         ladder,
-        ladder_verdicts,
+        ladder_held_out_report,
         lr_edge,
         runner,
         signal_comparison,
@@ -49,8 +49,8 @@ def build_parser():
         ("compare-detectors", detection, "which alarm is early and specific, from traces"),
         ("compare-held-out", held_out, "the detection study's held-out round, judged once"),
         ("compare-ladder", ladder, "the fault ladder: lethality, the probe, detectors per rung"),
-        ("compare-ladder-held-out", ladder_verdicts, "the fault ladder's held-out round, "
-                                                     "judged once"),
+        ("compare-ladder-held-out", ladder_held_out_report, "the fault ladder's held-out "
+                                                            "round, judged once"),
         ("compare-lr-edge", lr_edge, "final loss against the learning rate, per precision"),
         ("compare-frontier", frontier, "which units to keep high: the budget-quality "
                                        "frontier"),

@@ -1,16 +1,20 @@
-"""The fault ladder's held-out round as a reader wants it (issue 56): per killing rung, a
-table of every arm over the seeds whose twin died, the paired and unpaired tests against the
-chosen arm, the issue's goal, and one picture of every run's fate. Built from
-`ladder_verdicts.run`'s result, so it rebuilds from the committed summaries and traces.
+"""`megatron-gnmr compare-ladder-held-out SCENARIO`: the fault ladder's held-out round as a
+reader wants it (issue 56): per killing rung, a table of every arm over the seeds whose twin
+died, the paired and unpaired tests against the chosen arm, the issue's goal, the rungs run
+as twins alone with every rule replayed on them, and one picture of every run's fate
+(DIR/held_out.{md,png}). Built from `ladder_verdicts.judge_round`'s result, so it rebuilds
+from the committed summaries and traces.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from pathlib import Path
 
-from megatron_gnmr.experiments.ladder_verdicts import CHOSEN, GOAL, dying_seeds
+from megatron_gnmr.experiments.ladder_verdicts import CHOSEN, GOAL, dying_seeds, judge_round
+from megatron_gnmr.experiments.run_summaries import add_location_arguments
 
 
 def _p(value: float) -> str:
@@ -142,3 +146,17 @@ def plot(result: dict, path: Path) -> None:
 def write_report(result: dict, stem: Path) -> None:
     stem.with_suffix(".md").write_text("\n".join(lines(result)) + "\n")
     plot(result, stem.with_suffix(".png"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", help="the held-out scenario (attention_ladder_heldout)")
+    add_location_arguments(parser)
+    parser.add_argument("--training", default="docs/runs/attention_ladder/ladder.json",
+                        help="the training round's result (its harm margins)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    result, summaries = judge_round(args)
+    write_report(result, summaries / "held_out")
+    print((summaries / "held_out.md").read_text())
+    return result

@@ -1,6 +1,6 @@
-"""`megatron-gnmr compare-ladder-held-out SCENARIO`: the fault ladder's held-out round,
-judged once (issue 56), from the committed summaries and traces; writes
-DIR/held_out.{json,md,png} (`ladder_held_out_report`).
+"""The fault ladder's held-out round, judged once (issue 56), from the committed summaries and
+traces (`judge_round`, which writes DIR/held_out.json; the command, `megatron-gnmr
+compare-ladder-held-out SCENARIO`, and its report are `ladder_held_out_report`).
 
 The scenario (written by `ladder_held_out.py` from the training round's choice) runs per seed,
 for each rung that kills, the twin and every arm (`ARM@RUNG`), and per seed `healthy`,
@@ -31,7 +31,7 @@ from megatron_gnmr.experiments.closed_loop_statistics import (
 )
 from megatron_gnmr.experiments.held_out import fires_on, first_recovery
 from megatron_gnmr.experiments.ladder import EXACT, HEALTHY, TWIN_PREFIX
-from megatron_gnmr.experiments.run_summaries import add_location_arguments, collect, locations
+from megatron_gnmr.experiments.run_summaries import collect, locations
 from megatron_gnmr.precision.attention_fault import layer_of
 
 CHOSEN = "chosen"
@@ -190,16 +190,9 @@ def goal(by_arm: dict, compared: dict, probe_share: float, rivals: list[str], *,
             and probe_share <= GOAL["probe_share"] and bool(versus) and all(versus.values())}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", help="the held-out scenario (attention_ladder_heldout)")
-    add_location_arguments(parser)
-    parser.add_argument("--training", default="docs/runs/attention_ladder/ladder.json",
-                        help="the training round's result (its harm margins)")
-
-
-def run(args: argparse.Namespace) -> dict:
+def judge_round(args: argparse.Namespace) -> tuple[dict, Path]:
+    """The round's result (also written to SUMMARIES/held_out.json) and SUMMARIES."""
     from megatron_gnmr.experiments.ladder import collect_traces
-    from megatron_gnmr.experiments.ladder_held_out_report import write_report
 
     scenario, runs, summaries = locations(args)
     table = collect(scenario, runs, summaries, run_summary)
@@ -222,6 +215,4 @@ def run(args: argparse.Namespace) -> dict:
                                  "goal": goal(by_arm, compared, probe, rivals, whole=whole)}
     result["cpus"] = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
     (summaries / "held_out.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_report(result, summaries / "held_out")
-    print((summaries / "held_out.md").read_text())
-    return result
+    return result, summaries
