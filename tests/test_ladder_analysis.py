@@ -181,11 +181,12 @@ def test_the_ladder_held_out_verdicts_and_tests_by_hand(monkeypatch):
     assert compared["healthy"]["chosen"] == compared["healthy"]["rival"] == 0
 
 
-def test_a_run_on_another_cpu_is_not_run_a_missing_seed_leaves_the_round_open_and_twins_alone_are_replayed(monkeypatch):  # noqa: E501
-    """TE's seed-1 run made on CPU model B (its twin and exact attention on A) counts as not
-    run; seed 5, in the scenario but never run, keeps the round incomplete, so no goal is met
-    or missed; the twin without arms (s) is replayed per arm: on seed 1 the rule would first
-    recover layer 1 (faulted) at step 50, on seed 2 never."""
+def test_another_cpu_a_missing_seed_and_the_twins_alone(monkeypatch):
+    """TE's seed-1 run made on CPU model B (its twin and exact attention on A) is never judged
+    but not waited for (a rerun would be skipped); seed 5, in the scenario but never run, and
+    then a missing chosen run keep the round incomplete, so no goal is met or missed; the twin
+    without arms (s) is replayed per arm: on seed 1 the rule would first recover layer 1
+    (faulted) at step 50, on seed 2 never."""
     from types import SimpleNamespace
 
     from megatron_gnmr.experiments import ladder_verdicts
@@ -211,12 +212,14 @@ def test_a_run_on_another_cpu_is_not_run_a_missing_seed_leaves_the_round_open_an
     judged = ladder_verdicts.verdicts(scenario, table, traces, {"exact": 0.05}, 0.0)
     assert not judged["r"]["te"][1]["ran"] and judged["r"]["te"][2]["ran"]
     assert ladder_verdicts.dying_seeds(judged["r"]["te"]).keys() == {2}
-    assert not ladder_verdicts.complete(scenario, table, traces, judged)
+    assert judged["r"]["te"][1]["other_cpu"] and not judged["r"]["te"][2]["other_cpu"]
+    assert not ladder_verdicts.complete(scenario, table, traces, judged)  # seed 5
     scenario.seeds = [1, 2]
-    assert not ladder_verdicts.complete(scenario, table, traces, judged)  # te on seed 1
-    table["te@r"][1]["cpu"] = "A"
-    judged = ladder_verdicts.verdicts(scenario, table, traces, {"exact": 0.05}, 0.0)
+    # te's seed-1 run is there (a rerun would be skipped): not judged, and not waited for
     assert ladder_verdicts.complete(scenario, table, traces, judged)
+    del table["chosen@r"][2]
+    judged = ladder_verdicts.verdicts(scenario, table, traces, {"exact": 0.05}, 0.0)
+    assert not ladder_verdicts.complete(scenario, table, traces, judged)  # chosen, seed 2
     replayed = ladder_verdicts.secondary(scenario, table, traces)
     assert list(replayed) == ["s"] and list(replayed["s"]) == ["chosen", "te"]
     assert replayed["s"]["chosen"][1] == {"fires_at": 50, "layers": [1], "names_faulted": True,
@@ -254,8 +257,10 @@ def test_the_held_out_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, 
             "gap": None}}}}}
     open_round["rungs"]["r"]["goal"] = ladder_verdicts.goal(
         judged["r"], {"te": compared}, 0.01, ["te"], whole=False)
+    judged["r"]["te"][4]["other_cpu"] = True
     text = "\n".join(report.lines(open_round))
     assert "**The round is not complete**" in text and "**Not judged" in text
+    assert "never judged: te@r seed 4." in text
     assert "| s | +0.200, x | chosen | 1/2 | 50 | 1/1 |" in text
 
 

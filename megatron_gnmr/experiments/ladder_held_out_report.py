@@ -63,6 +63,12 @@ def lines(result: dict) -> list[str]:
            "the chosen arm, one-sided each way: the paired sign test over the seeds both ran "
            "(Fisher's exact test). A run made on another CPU model than its twin's and exact "
            "attention's counts as not run."]
+    elsewhere = sorted({f"{arm}@{rung} seed {seed}" for rung, judged in result["rungs"].items()
+                        for arm, per_seed in judged["arms"].items()
+                        for seed, v in per_seed.items() if v.get("other_cpu")})
+    if elsewhere:
+        out += ["", f"Made on another CPU model than their seed's twin and exact attention, so "
+                f"never judged: {', '.join(elsewhere)}."]
     if not result.get("complete", True):
         out += ["", "**The round is not complete** (a seed lacks a twin, exact attention or "
                 "a healthy trace, or an arm has not run where the twin died): no goal is met "
@@ -115,6 +121,8 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rungs = list(result["rungs"])
+    if not rungs:
+        return
     figure, axes = plt.subplots(1, len(rungs), figsize=(6 * len(rungs), 4), squeeze=False)
     for axis, rung in zip(axes[0], rungs):
         arms = result["rungs"][rung]["arms"]

@@ -4,15 +4,15 @@ Two processes, each on its own seeds, make the round two runs at a time
 (scripts/reproduce/attention_ladder_heldout.sh); each run is one `megatron-gnmr reproduce`,
 which skips a run whose summary exists, so an interrupted round resumes.
 
-Two passes over the seeds:
+Three passes over the seeds:
 - pass A, per seed: every twin (short when it dies), exact attention, the healthy run, then on
   each rung whose twin died the chosen arm and TE's rule allowed to see O (TE's best in the
   training round);
 - pass B, per seed: the other arms on each rung whose twin died;
 - pass C, per seed: the twins that run alone (`ladder_held_out.SECONDARY`), on which every
   arm's rule is replayed, not run.
-After passes A and B, per seed: `healthy-ARM` for each arm of the pass whose replay on the healthy
-trace fires; where it does not, the live run would be the healthy run bit for bit.
+After each of A and B, per seed: `healthy-ARM` for each of that pass's arms whose replay on
+the healthy trace fires; where it does not, the live run would be the healthy run bit for bit.
 
 An arm on a rung whose twin lived is not run: the verdicts (`ladder_verdicts.dying_seeds`)
 judge an arm only on the seeds whose twin died.

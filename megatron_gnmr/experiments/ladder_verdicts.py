@@ -3,7 +3,8 @@ traces (`judge_round`, which writes DIR/held_out.json; the command, `megatron-gn
 compare-ladder-held-out SCENARIO`, and its report are `ladder_held_out_report`).
 
 The scenario (written by `ladder_held_out.py` from the training round's choice) runs per seed,
-for each rung that kills, the twin and every arm (`ARM@RUNG`), and per seed `healthy`,
+for each rung that kills, the twin and, where it died, every arm (`ARM@RUNG`); the twins of
+`ladder_held_out.SECONDARY` alone, every arm's rule replayed on them (`secondary`); and `healthy`,
 `exact-attention` and, where an arm's replay fires on the healthy trace, `healthy-ARM`. A
 held-out seed feeds nothing: the harm margins are the training round's (docs/runs/
 attention_ladder/ladder.json), both of them. Per rung and arm, over the seeds whose twin died:
@@ -58,8 +59,9 @@ def verdicts(scenario, table: dict, traces: dict, margins: dict, probe_share: fl
             per_seed = {}
             for seed, twin in sorted(twins.items()):
                 run = runs.get(seed)
-                if run is not None and not one_cpu(twin, exact.get(seed), run):
-                    run = None  # paired only on one CPU model: counted as not run
+                other_cpu = run is not None and not one_cpu(twin, exact.get(seed), run)
+                if other_cpu:
+                    run = None  # paired only on one CPU model: present, never judged
                 gap = None if run is None or run["diverged_at"] is not None or \
                     seed not in exact else run["final_train_loss"] - exact[seed]["final_train_loss"]
                 healthy = traces.get((HEALTHY, seed))
@@ -68,6 +70,7 @@ def verdicts(scenario, table: dict, traces: dict, margins: dict, probe_share: fl
                 recovered = run["recovered_share_of_executed_steps"] if run else None
                 verdict = {
                     "twin_died_at": twin["diverged_at"], "ran": run is not None,
+                    "other_cpu": other_cpu,
                     "diverged": run is not None and run["diverged_at"] is not None, "gap": gap,
                     "recovered": recovered,
                     "probe": None if recovered is None else
@@ -124,15 +127,17 @@ def secondary(scenario, table: dict, traces: dict) -> dict:
 
 def complete(scenario, table: dict, traces: dict, judged: dict) -> bool:
     """Every seed has its twins, exact attention and a healthy trace, and every arm has run on
-    every seed whose twin died: until then no goal is met or missed."""
+    every seed whose twin died: until then no goal is met or missed. A run made on another CPU
+    model is there (a rerun would be skipped) but never judged: it leaves its seed out of the
+    arm's verdicts, and the report names it."""
     arms, rungs = arms_and_rungs(scenario)
     for seed in scenario.seeds:
         if seed not in table.get(EXACT, {}) or (HEALTHY, seed) not in traces:
             return False
         if any(seed not in table.get(TWIN_PREFIX + rung, {}) for rung in rungs):
             return False
-    return all(v["ran"] for by_arm in judged.values() for per_seed in by_arm.values()
-               for v in per_seed.values() if v["twin_died_at"])
+    return all(v["ran"] or v["other_cpu"] for by_arm in judged.values()
+               for per_seed in by_arm.values() for v in per_seed.values() if v["twin_died_at"])
 
 
 def dying_seeds(per_seed: dict) -> dict:

@@ -72,6 +72,10 @@ def write_scenario(ladder: dict, lr_edge: dict, sweep: dict, path: Path) -> list
 
 
 def main(argv: list[str]) -> None:
+    if len(argv) != 3:
+        sys.exit("usage: python -m megatron_gnmr.experiments.lr_edge_arms LADDER_JSON "
+                 "LR_EDGE_JSON SCENARIO (e.g. docs/runs/attention_ladder/ladder.json "
+                 "docs/runs/lr_edge_controller/lr_edge.json lr_edge_controller)")
     ladder, lr_edge = (json.loads(Path(p).read_text()) for p in argv[:2])
     sweep = yaml.safe_load((SCENARIO / f"{argv[2]}.yaml").read_text())
     print(write_scenario(ladder, lr_edge, sweep, SCENARIO / "lr_edge_arms.yaml"))

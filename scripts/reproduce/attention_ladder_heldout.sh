@@ -21,5 +21,13 @@ odd=$!
 .venv/bin/python -m megatron_gnmr.experiments.ladder_held_out_runs \
   --seeds 102 104 106 108 110 112 114 116 &
 even=$!
-wait "$odd" "$even"
+# Ctrl-C or a kill stops both (background jobs of a script ignore SIGINT on their own)
+trap 'kill "$odd" "$even" 2>/dev/null' INT TERM
+status=0
+wait "$odd" || status=$?
+wait "$even" || status=$?
+if [ "$status" -ne 0 ]; then
+  echo "attention_ladder_heldout: a runner failed (exit $status); rerun to resume" >&2
+  exit "$status"
+fi
 .venv/bin/megatron-gnmr compare-ladder-held-out attention_ladder_heldout
