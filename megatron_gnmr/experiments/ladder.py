@@ -88,7 +88,7 @@ def killing_rungs(rungs: dict[str, dict]) -> list[str]:
     lethal when it died or ended above exact attention by the deciding margin, and at that
     margin (0.0150) the unbiased control nearest1 was lethal on 3 of 7 seeds (+0.022, +0.016,
     +0.108), so harm alone did not separate a biased fault from chance; and the held-out
-    round judges an arm only on the seeds whose twin died (`ladder_verdicts.dying_seeds`), so a
+    round judges an arm only on the seeds whose twin died (`ladder_goal.dying_seeds`), so a
     rung that harms without killing (down2: 0 of 7 died) would run every arm for nothing
     judged. The margins still decide whether a saved run ended unharmed."""
     return [rung for rung, r in rungs.items() if r["judged"] and 2 * r["died"] >= r["judged"]]

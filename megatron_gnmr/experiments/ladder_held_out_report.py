@@ -13,7 +13,8 @@ import math
 import statistics
 from pathlib import Path
 
-from megatron_gnmr.experiments.ladder_verdicts import CHOSEN, GOAL, dying_seeds, judge_round
+from megatron_gnmr.experiments.ladder_goal import CHOSEN, GOAL, dying_seeds
+from megatron_gnmr.experiments.ladder_verdicts import judge_round
 from megatron_gnmr.experiments.run_summaries import add_location_arguments
 
 
@@ -26,29 +27,59 @@ def _arm_row(arm: str, per_seed: dict, versus: dict | None) -> str:
     saved = {name: sum(not v[f"failed_at_{name}"] for v in dying.values())
              for name in ("exact", "healthy")}
     gaps = [v["gap"] for v in dying.values() if v["gap"] is not None]
-    spends = [(v["recovered"], v["probe"]) for v in dying.values() if v["recovered"] is not None]
+    spends = [(v["recovered"], v["probe"]) for v in dying.values()
+              if v["recovered"] is not None and v["probe"] is not None]
     acted = sum(v["healthy_fires_at"] is not None for v in per_seed.values())
+    healthy = [v["healthy_spend"] for v in per_seed.values() if v["healthy_traced"]]
     spend = "-" if not spends else (f"{statistics.fmean(r for r, _ in spends):.1%} + "
                                     f"{statistics.fmean(p for _, p in spends):.1%}")
+    healthy_spend = "-" if not healthy or None in healthy else f"{statistics.fmean(healthy):.2%}"
     tests = "-" if versus is None else " / ".join(
         f"{_p(versus[key][f'sign_p_{side}_better'])} ({_p(versus[key][f'fisher_p_{side}_better'])})"
         for side in ("chosen", "rival") for key in ("failed_at_exact", "failed_at_healthy"))
+    healthy_tests = "-" if versus is None else " / ".join(
+        f"{_p(versus['healthy'][f'sign_p_{side}_better'])} "
+        f"({_p(versus['healthy'][f'fisher_p_{side}_better'])})" for side in ("chosen", "rival"))
     return (f"| {arm} | {len(dying)} | {saved['exact']} | {saved['healthy']} | "
             f"{sum(v['diverged'] for v in dying.values())} | "
-            f"{', '.join(f'{g:+.3f}' for g in gaps) or '-'} | {spend} | "
-            f"{acted}/{len(per_seed)} | {tests} |")
+            f"{', '.join(f'{g:+.3f}' for g in gaps) or '-'} | {spend} | {tests} | "
+            f"{acted}/{len(per_seed)} | {healthy_spend} | {healthy_tests} |")
 
 
 def _goal_line(goal: dict) -> str:
-    need = math.ceil(GOAL["saved"] * goal["dying"] / 16)
-    beats = ", ".join(f"{arm} {'yes' if won else 'no'}" for arm, won in goal["beats"].items())
-    verdict = {True: "Met", False: "Not met", None: "Not judged: the round is incomplete"}
-    return (f"Goal: saved {goal['saved']} of {goal['dying']} dying runs (needs {need}: 14 of 16 "
-            f"scaled), healthy runs acted on {goal['healthy_acted']} (at most "
-            f"{GOAL['healthy_acted']}), the probe {goal['probe_share']:.2%} of the attention's "
-            f"FLOPs (at most {GOAL['probe_share']:.0%}), better than each of TE's arms (paired "
-            f"p < {GOAL['p']} at the exact margin, no more healthy runs acted on): "
-            f"{beats or '-'}. **{verdict[goal['met']]}.**")
+    need = math.ceil(GOAL["saved"] * goal["died"] / 16)
+    beats = "; ".join(f"{arm}: " + ", ".join(f"{test} {'yes' if won else 'no'}"
+                                              for test, won in tests.items())
+                      for arm, tests in goal["beats"].items())
+    saved = ", ".join(f"{count} at the {name} margin" for name, count in goal["saved"].items())
+    probe = "unmeasured" if goal["probe_share"] is None else f"{goal['probe_share']:.2%}"
+    healthy = "-" if goal["healthy_spend"] is None else f"{goal['healthy_spend']:.2%}"
+    if goal["met"] is not None:
+        verdict = "Met" if goal["met"] else "Not met"
+    elif not goal["qualifies"]:
+        verdict = (f"Not judged: the twins died on {goal['died']} of {goal['seeds']} seeds, "
+                   "fewer than half")
+    else:
+        verdict = "Not judged: the round is incomplete"
+    return (f"Goal: of {goal['died']} dying runs, saved {saved} (needs {need} at each: 14 of "
+            f"16 scaled; a chosen run not judged counts as not saved); healthy runs acted on "
+            f"{goal['healthy_acted']} (at most {GOAL['healthy_acted']}), spending {healthy} on "
+            f"a healthy run; the probe {probe} of the attention's FLOPs (at most "
+            f"{GOAL['probe_share']:.0%}); against each of TE's arms run, paired p < "
+            f"{GOAL['p']} on failures at each margin and no more healthy spend: {beats or '-'}. "
+            f"**{verdict}.**")
+
+
+def _replays_disagree(result: dict) -> list[str]:
+    """Where a live healthy-ARM run's first recovery is not the step its replay named."""
+    seen = set()
+    for judged in result["rungs"].values():
+        for arm, per_seed in judged["arms"].items():
+            for seed, v in per_seed.items():
+                live, replay = v.get("healthy_live_first_recovery"), v["healthy_fires_at"]
+                if live is not None and live != replay:
+                    seen.add(f"healthy-{arm} seed {seed} (live {live}, replay {replay})")
+    return sorted(seen)
 
 
 def lines(result: dict) -> list[str]:
@@ -59,10 +90,12 @@ def lines(result: dict) -> list[str]:
            "whose twin died: saved unharmed when it did not diverge and ended within the margin "
            "of exact attention of its seed (final loss, mean of the last 300 steps). Spend: "
            "the share of the core attentions' unit-steps it ran exact + the kernel probe's "
-           "FLOPs. Acted on a healthy run: its replay on the healthy trace fires. Tests against "
-           "the chosen arm, one-sided each way: the paired sign test over the seeds both ran "
-           "(Fisher's exact test). A run made on another CPU model than its twin's and exact "
-           "attention's counts as not run."]
+           "FLOPs on the rest (TE's metrics at no cost). Acted on a healthy run: its replay on "
+           "the healthy trace fires; its healthy spend is then its live healthy run's. Tests "
+           "against the chosen arm, one-sided each way: the paired sign test over the seeds "
+           "both can be judged on (Fisher's exact test). A run made on another CPU model than "
+           "its twin's and exact attention's is not judged. TE's arms are those the round ran "
+           "(its training round's best settings: latched, unlatched, and latched with O)."]
     elsewhere = sorted({f"{arm}@{rung} seed {seed}" for rung, judged in result["rungs"].items()
                         for arm, per_seed in judged["arms"].items()
                         for seed, v in per_seed.items() if v.get("other_cpu")})
@@ -71,17 +104,22 @@ def lines(result: dict) -> list[str]:
                 f"never judged: {', '.join(elsewhere)}."]
     if not result.get("complete", True):
         out += ["", "**The round is not complete** (a seed lacks a twin, exact attention or "
-                "a healthy trace, or an arm has not run where the twin died): no goal is met "
-                "or missed yet."]
+                "a healthy trace, or an arm has not run where its twin died or where its replay "
+                "fires on the healthy run): no goal is met or missed yet."]
+    disagree = _replays_disagree(result)
+    if disagree:
+        out += ["", f"**A live healthy run did not first recover where its replay did**: "
+                f"{', '.join(disagree)}."]
     for rung, judged in result["rungs"].items():
         twins = next(iter(judged["arms"].values()), {})
         died = sorted(v["twin_died_at"] for v in twins.values() if v["twin_died_at"])
         out += ["", f"## {rung}: the twin died on {len(died)} of {len(twins)} seeds"
                 f"{f' (median step {statistics.median(died):.0f})' if died else ''}", "",
                 "| arm | dying seeds judged | saved (exact margin) | saved (healthy margin) | "
-                "diverged | gaps to exact of those that lived | spend | healthy acted on | "
-                "p, chosen better at exact / healthy margin, then rival better: sign (Fisher) |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "diverged | gaps to exact of those that lived | spend | p on failures, chosen "
+                "better at exact / healthy margin, then rival better: sign (Fisher) | healthy "
+                "acted on | healthy spend | p on healthy acted on, chosen / rival better |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for arm, per_seed in judged["arms"].items():
             out.append(_arm_row(arm, per_seed, None if arm == CHOSEN
                                 else judged["versus_chosen"].get(arm)))
@@ -93,10 +131,11 @@ def lines(result: dict) -> list[str]:
 
 
 def _secondary_lines(secondary: dict) -> list[str]:
-    """The twins without arms: what each arm's rule would do on them, replayed."""
+    """The twins no arm ran beside: what each arm's rule would do on them, replayed."""
     if not secondary:
         return []
-    out = ["", "## Rungs run as twins alone: every arm's rule replayed on them", "",
+    out = ["", "## Twins no arm ran beside (rungs run alone, a killing rung's twins that "
+           "lived): every arm's rule replayed on them", "",
            "| rung | twins' gaps to exact (x: died) | arm | fires | first recovery (median "
            "step) | names a faulted layer |", "|---|---|---|---|---|---|"]
     for rung, by_arm in secondary.items():

@@ -14,7 +14,7 @@ Three passes over the seeds:
 After each of A and B, per seed: `healthy-ARM` for each of that pass's arms whose replay on
 the healthy trace fires; where it does not, the live run would be the healthy run bit for bit.
 
-An arm on a rung whose twin lived is not run: the verdicts (`ladder_verdicts.dying_seeds`)
+An arm on a rung whose twin lived is not run: the verdicts (`ladder_goal.dying_seeds`)
 judge an arm only on the seeds whose twin died.
 """
 

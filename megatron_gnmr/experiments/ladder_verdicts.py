@@ -1,42 +1,42 @@
 """The fault ladder's held-out round, judged once (issue 56), from the committed summaries and
-traces (`judge_round`, which writes DIR/held_out.json; the command, `megatron-gnmr
-compare-ladder-held-out SCENARIO`, and its report are `ladder_held_out_report`).
+traces (`judge_round`, which writes DIR/held_out.json; the goal and its tests are
+`ladder_goal`; the command, `megatron-gnmr compare-ladder-held-out SCENARIO`, and its report
+are `ladder_held_out_report`).
 
 The scenario (written by `ladder_held_out.py` from the training round's choice) runs per seed,
 for each rung that kills, the twin and, where it died, every arm (`ARM@RUNG`); the twins of
-`ladder_held_out.SECONDARY` alone, every arm's rule replayed on them (`secondary`); and `healthy`,
-`exact-attention` and, where an arm's replay fires on the healthy trace, `healthy-ARM`. A
-held-out seed feeds nothing: the harm margins are the training round's (docs/runs/
-attention_ladder/ladder.json), both of them. Per rung and arm, over the seeds whose twin died:
+`ladder_held_out.SECONDARY` alone, every arm's rule replayed on them (`secondary`, which also
+replays them on a killing rung's twins that lived); and `healthy`, `exact-attention` and,
+where an arm's replay fires on the healthy trace, `healthy-ARM`. A held-out seed feeds
+nothing: the harm margins are the training round's (docs/runs/attention_ladder/ladder.json),
+both of them; the probe's cost is measured on the round's own healthy runs. Per rung, arm and
+seed whose twin has run:
 - saved unharmed: the arm's run did not diverge and ended within the margin of exact attention
-  of its seed (final loss: mean of the last 300 steps);
-- its spend: the attention FLOPs it ran exact, plus the kernel probe's FLOPs on the unit-steps
-  it left on the low path (for an arm that reads the probe);
-- on the healthy run: whether its replay fires, and what the live run then spent.
-Each rival against the chosen arm: the paired sign test over the seeds both ran (McNemar's
-exact form, one-sided each way) beside Fisher's exact test, at both margins, on failures and
-on healthy runs acted on; and the issue's goal per rung.
+  of its seed (final loss: mean of the last 300 steps), judged only where exact attention
+  lived and the twin, exact attention and the arm ran on one CPU model;
+- its spend: the share of the core attentions' unit-steps it ran exact, plus the kernel
+  probe's FLOPs on the unit-steps it left on the low path (for an arm that reads the probe);
+- on the healthy run: whether its replay fires, what it spends (the live `healthy-ARM` run's
+  exact share where it fires, plus the probe), and the live run's first recovery beside the
+  replay's step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
+
+import numpy as np
 
 from megatron_gnmr.experiments import detection_traces
 from megatron_gnmr.experiments.closed_loop_runs import run_summary
-from megatron_gnmr.experiments.closed_loop_statistics import (
-    fisher_one_sided,
-    sign_test_one_sided,
-)
 from megatron_gnmr.experiments.held_out import fires_on, first_recovery
 from megatron_gnmr.experiments.ladder import EXACT, HEALTHY, TWIN_PREFIX
+from megatron_gnmr.experiments.ladder_goal import comparisons, goal
 from megatron_gnmr.experiments.run_summaries import collect, locations
 from megatron_gnmr.precision.attention_fault import layer_of
-
-CHOSEN = "chosen"
-GOAL = {"saved": 14, "healthy_acted": 1, "probe_share": 0.02, "p": 0.05}  # of 16 seeds
 
 
 def arms_and_rungs(scenario) -> tuple[list[str], list[str]]:
@@ -44,8 +44,10 @@ def arms_and_rungs(scenario) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(a for a, _ in pairs)), list(dict.fromkeys(r for _, r in pairs))
 
 
-def verdicts(scenario, table: dict, traces: dict, margins: dict, probe_share: float) -> dict:
-    """{rung: {arm: {seed: verdict}}}, each seed whose twin has run."""
+def verdicts(scenario, table: dict, traces: dict, margins: dict, probe_share: float | None
+             ) -> dict:
+    """{rung: {arm: {seed: verdict}}}, each seed whose twin has run. `probe_share`: the kernel
+    probe's FLOPs over the attention's, measured on the round's healthy traces."""
     arms, rungs = arms_and_rungs(scenario)
     exact = table.get(EXACT, {})
     out = {}
@@ -56,36 +58,56 @@ def verdicts(scenario, table: dict, traces: dict, margins: dict, probe_share: fl
             runs, alone = table.get(f"{arm}@{rung}", {}), table.get(f"{HEALTHY}-{arm}", {})
             reads_probe = any(flag.startswith("kernel_")
                               for flag in scenario.variants[f"{arm}@{rung}"])
-            per_seed = {}
-            for seed, twin in sorted(twins.items()):
-                run = runs.get(seed)
-                other_cpu = run is not None and not one_cpu(twin, exact.get(seed), run)
-                if other_cpu:
-                    run = None  # paired only on one CPU model: present, never judged
-                gap = None if run is None or run["diverged_at"] is not None or \
-                    seed not in exact else run["final_train_loss"] - exact[seed]["final_train_loss"]
-                healthy = traces.get((HEALTHY, seed))
-                fires = None if healthy is None else \
-                    fires_on(healthy.trace, scenario, f"{arm}@{rung}", seed)
-                recovered = run["recovered_share_of_executed_steps"] if run else None
-                verdict = {
-                    "twin_died_at": twin["diverged_at"], "ran": run is not None,
-                    "other_cpu": other_cpu,
-                    "diverged": run is not None and run["diverged_at"] is not None, "gap": gap,
-                    "recovered": recovered,
-                    "probe": None if recovered is None else
-                    (1.0 - recovered) * probe_share * reads_probe,
-                    "first_recovery": run["first_recovery"] if run else None,
-                    "healthy_fires_at": fires,
-                    "healthy_spent": 0.0 if fires is None else
-                    (alone[seed]["recovered_share_of_executed_steps"] if seed in alone else None)}
-                verdict["judged"] = verdict["ran"] and (verdict["diverged"] or seed in exact)
-                for name, margin in margins.items():
-                    verdict[f"failed_at_{name}"] = verdict["judged"] and (verdict["diverged"] or (
-                        gap is not None and gap > margin))
-                per_seed[seed] = verdict
-            out[rung][arm] = per_seed
+            probe = None if probe_share is None else probe_share * reads_probe
+            out[rung][arm] = {seed: _verdict(
+                twin, runs.get(seed), exact.get(seed), traces.get((HEALTHY, seed)),
+                alone.get(seed), margins, probe,
+                lambda trace: fires_on(trace, scenario, f"{arm}@{rung}", seed))
+                for seed, twin in sorted(twins.items())}
     return out
+
+
+def _verdict(twin: dict, run: dict | None, reference: dict | None, healthy, alone: dict | None,
+             margins: dict, probe: float | None, fires) -> dict:
+    """One arm's run on one seed (None: not run), judged against exact attention of the seed
+    (`reference`), and the arm's rule on the seed's healthy trace and live healthy run."""
+    other_cpu = run is not None and not one_cpu(twin, reference, run)
+    if other_cpu:
+        run = None  # paired only on one CPU model: present, never judged
+    usable = reference is not None and reference["diverged_at"] is None
+    diverged = run is not None and run["diverged_at"] is not None
+    gap = run["final_train_loss"] - reference["final_train_loss"] \
+        if run is not None and not diverged and usable else None
+    recovered = run["recovered_share_of_executed_steps"] if run else None
+    fires_at = None if healthy is None else fires(healthy.trace)
+    verdict = {
+        "twin_died_at": twin["diverged_at"], "ran": run is not None, "other_cpu": other_cpu,
+        "diverged": diverged, "gap": gap, "recovered": recovered,
+        "probe": None if recovered is None or probe is None else (1.0 - recovered) * probe,
+        "first_recovery": run["first_recovery"] if run else None,
+        "healthy_traced": healthy is not None, "healthy_fires_at": fires_at,
+        # a live healthy run is made only where the replay fires; elsewhere it would be the
+        # healthy run, bit for bit, with nothing recovered
+        "healthy_live_first_recovery": alone["first_recovery"] if alone else None,
+        "healthy_spend": _healthy_spend(healthy, fires_at, alone, probe),
+        "judged": run is not None and (diverged or usable)}
+    for name, margin in margins.items():
+        verdict[f"failed_at_{name}"] = verdict["judged"] and (diverged or gap > margin)
+    return verdict
+
+
+def _healthy_spend(healthy, fires_at: int | None, alone: dict | None, probe: float | None
+                   ) -> float | None:
+    """What the arm spends on the healthy run: the share of unit-steps it runs exact plus the
+    probe's FLOPs on the rest (None: not known yet)."""
+    if healthy is None or probe is None:
+        return None
+    if fires_at is None:
+        return probe
+    if alone is None:
+        return None  # its live healthy run has not run
+    recovered = alone["recovered_share_of_executed_steps"]
+    return recovered + (1.0 - recovered) * probe
 
 
 def one_cpu(*runs) -> bool:
@@ -95,104 +117,59 @@ def one_cpu(*runs) -> bool:
 
 
 def secondary(scenario, table: dict, traces: dict) -> dict:
-    """{rung: {arm: {seed: replay}}} for each twin without arms (`ladder_held_out.SECONDARY`):
-    where each arm's rule, replayed on the twin's trace, would first recover, whether that
-    recovery names a faulted layer, and the twin's final-loss gap to exact attention."""
+    """{rung: {arm: {seed: replay}}} for each twin no arm ran beside: those of
+    `ladder_held_out.SECONDARY`, and a killing rung's twins that lived (as "RUNG, lived"): where
+    each arm's rule, replayed on the twin's trace, would first recover, whether that recovery
+    names a faulted layer, and the twin's final-loss gap to exact attention (None: died, or
+    exact attention ran on another CPU model)."""
     arms, rungs = arms_and_rungs(scenario)
     exact = table.get(EXACT, {})
     out = {}
     for variant in scenario.variants:
-        rung = variant[len(TWIN_PREFIX):]
-        if not variant.startswith(TWIN_PREFIX) or rung in rungs:
+        if not variant.startswith(TWIN_PREFIX):
             continue
+        rung = variant[len(TWIN_PREFIX):]
+        twins = table.get(variant, {})
+        if rung in rungs:
+            rung, twins = f"{rung}, lived", {s: t for s, t in twins.items()
+                                            if t["diverged_at"] is None}
         out[rung] = {}
         for arm in arms:
             rule = f"{HEALTHY}-{arm}"  # the arm's flags on no fault: only its rule is read
             per_seed = {}
-            for seed, twin in sorted(table.get(variant, {}).items()):
+            for seed, twin in sorted(twins.items()):
                 loaded = traces.get((variant, seed))
-                if loaded is None or not one_cpu(twin, exact.get(seed)):
+                if loaded is None:
                     continue
                 step, units = first_recovery(loaded.trace, scenario, rule, seed)
                 layers = {layer_of(loaded.trace.units[u]) for u in units}
+                paired = seed in exact and one_cpu(twin, exact[seed])
                 per_seed[seed] = {
                     "fires_at": step, "layers": sorted(layers),
                     "names_faulted": bool(layers & set(loaded.fault_layers)) if units else None,
                     "twin_died_at": twin["diverged_at"],
-                    "gap": None if twin["diverged_at"] is not None or seed not in exact else
+                    "gap": None if twin["diverged_at"] is not None or not paired else
                     twin["final_train_loss"] - exact[seed]["final_train_loss"]}
             out[rung][arm] = per_seed
     return out
 
 
 def complete(scenario, table: dict, traces: dict, judged: dict) -> bool:
-    """Every seed has its twins, exact attention and a healthy trace, and every arm has run on
-    every seed whose twin died: until then no goal is met or missed. A run made on another CPU
-    model is there (a rerun would be skipped) but never judged: it leaves its seed out of the
-    arm's verdicts, and the report names it."""
-    arms, rungs = arms_and_rungs(scenario)
+    """Every seed has its twins (those run alone included), exact attention and a healthy
+    trace; every arm has run on every seed whose twin died, and on the healthy run wherever its
+    replay fires: until then no goal is met or missed. A run made on another CPU model is there
+    (a rerun would be skipped) but never judged: the chosen arm's counts as not saved, a
+    rival's leaves its seed out of the paired tests, and the report names it."""
+    twins = [v for v in scenario.variants if v.startswith(TWIN_PREFIX)]
     for seed in scenario.seeds:
         if seed not in table.get(EXACT, {}) or (HEALTHY, seed) not in traces:
             return False
-        if any(seed not in table.get(TWIN_PREFIX + rung, {}) for rung in rungs):
+        if any(seed not in table.get(twin, {}) for twin in twins):
             return False
-    return all(v["ran"] or v["other_cpu"] for by_arm in judged.values()
-               for per_seed in by_arm.values() for v in per_seed.values() if v["twin_died_at"])
-
-
-def dying_seeds(per_seed: dict) -> dict:
-    """The seeds whose twin died and whose arm's run can be judged."""
-    return {s: v for s, v in per_seed.items() if v["twin_died_at"] and v["judged"]}
-
-
-def comparisons(by_arm: dict, margins: dict) -> dict:
-    """Each rival against the chosen arm, on the seeds both ran: failures at each margin and
-    healthy runs acted on; paired (sign test) and unpaired (Fisher), one-sided each way."""
-    chosen = by_arm[CHOSEN]
-    out = {}
-    for arm, per_seed in by_arm.items():
-        if arm == CHOSEN:
-            continue
-        rows = {}
-        keys = [f"failed_at_{name}" for name in margins] + ["healthy"]
-        for key in keys:
-            if key == "healthy":
-                seeds = sorted(set(chosen) & set(per_seed))
-                ours = {s: chosen[s]["healthy_fires_at"] is not None for s in seeds}
-                theirs = {s: per_seed[s]["healthy_fires_at"] is not None for s in seeds}
-            else:
-                seeds = sorted(set(dying_seeds(chosen)) & set(dying_seeds(per_seed)))
-                ours = {s: chosen[s][key] for s in seeds}
-                theirs = {s: per_seed[s][key] for s in seeds}
-            only_ours = sum(ours[s] and not theirs[s] for s in seeds)
-            only_theirs = sum(theirs[s] and not ours[s] for s in seeds)
-            a, b, n = sum(ours.values()), sum(theirs.values()), len(seeds)
-            rows[key] = {"seeds": n, "chosen": a, "rival": b,
-                         "sign_p_chosen_better": sign_test_one_sided(only_ours, only_theirs),
-                         "sign_p_rival_better": sign_test_one_sided(only_theirs, only_ours),
-                         "fisher_p_chosen_better": fisher_one_sided(a, n, b, n) if n else 1.0,
-                         "fisher_p_rival_better": fisher_one_sided(b, n, a, n) if n else 1.0}
-        out[arm] = rows
-    return out
-
-
-def goal(by_arm: dict, compared: dict, probe_share: float, rivals: list[str], *,
-         whole: bool) -> dict:
-    """The issue's goal on one rung: saved >= 14 of the dying runs (of 16 seeds), at most 1
-    healthy run acted on, the probe within 2% of the attention's FLOPs, and against TE's best
-    arm a paired p < 0.05 on failures (exact margin) and no worse on healthy runs. Not met
-    while the round is not `whole` (`complete`): `met` is then None."""
-    dying = dying_seeds(by_arm[CHOSEN])
-    saved = sum(not v["failed_at_exact"] for v in dying.values())
-    acted = sum(v["healthy_fires_at"] is not None for v in by_arm[CHOSEN].values())
-    versus = {arm: compared[arm]["failed_at_exact"]["sign_p_chosen_better"] < GOAL["p"]
-              and compared[arm]["healthy"]["chosen"] <= compared[arm]["healthy"]["rival"]
-              for arm in rivals if arm in compared}
-    return {"dying": len(dying), "saved": saved, "healthy_acted": acted,
-            "probe_share": probe_share, "beats": versus,
-            "met": None if not whole else
-            saved >= GOAL["saved"] * len(dying) / 16 and acted <= GOAL["healthy_acted"]
-            and probe_share <= GOAL["probe_share"] and bool(versus) and all(versus.values())}
+    verdicts_ = [v for by_arm in judged.values() for per_seed in by_arm.values()
+                 for v in per_seed.values()]
+    return all(v["ran"] or v["other_cpu"] for v in verdicts_ if v["twin_died_at"]) and \
+        all(v["healthy_spend"] is not None for v in verdicts_)
 
 
 def judge_round(args: argparse.Namespace) -> tuple[dict, Path]:
@@ -208,16 +185,26 @@ def judge_round(args: argparse.Namespace) -> tuple[dict, Path]:
         variant, _, seed = path.stem.rpartition("-seed")
         traces[variant, int(seed)] = detection_traces.read(path)
     training = json.loads(Path(args.training).read_text())
-    probe = training.get("probe_share", 0.0)
+    probe = measured_probe_share(traces)
     judged = verdicts(scenario, table, traces, training["margins"], probe)
     rivals = [arm for arm in arms_and_rungs(scenario)[0] if arm.startswith("te")]
     whole = complete(scenario, table, traces, judged)
-    result = {"margins": training["margins"], "complete": whole, "rungs": {},
-              "secondary": secondary(scenario, table, traces)}
+    result = {"margins": training["margins"], "complete": whole, "probe_share": probe,
+              "rungs": {}, "secondary": secondary(scenario, table, traces)}
     for rung, by_arm in judged.items():
         compared = comparisons(by_arm, training["margins"])
-        result["rungs"][rung] = {"arms": by_arm, "versus_chosen": compared,
-                                 "goal": goal(by_arm, compared, probe, rivals, whole=whole)}
+        result["rungs"][rung] = {
+            "arms": by_arm, "versus_chosen": compared,
+            "goal": goal(by_arm, compared, probe, rivals, training["margins"], whole=whole)}
     result["cpus"] = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
     (summaries / "held_out.json").write_text(json.dumps(result, indent=1) + "\n")
     return result, summaries
+
+
+def measured_probe_share(traces: dict) -> float | None:
+    """The kernel probe's FLOPs over the attention's, the mean over the round's healthy traces
+    (every unit-step of a healthy run is probed); None where none measured it."""
+    costs = [float(np.nanmean(loaded.trace.measured["kernel_probe_cost"]))
+             for (variant, _), loaded in sorted(traces.items())
+             if variant == HEALTHY and "kernel_probe_cost" in loaded.trace.measured]
+    return statistics.fmean(costs) if costs else None
