@@ -87,3 +87,38 @@ def test_the_metrics_count_what_the_pull_request_counts():
     assert measured["fp8_underflow"][1] == pytest.approx(100 * 1 / 8)
     assert measured["fp8_mse"][1] == pytest.approx((0.25 + 1e-12) / 8)
     assert np.isnan(measured["fp8_underflow"][0])  # never measured
+
+
+def test_the_four_metrics_share_one_count_per_operand_and_call(monkeypatch):
+    """On a recovered attention (its operands quantized in the shadow), the four FP8 quality
+    metrics measured together read what each reads alone, from one quantization per operand
+    per call (the call's shared memo), and a memo never carries over to the next call."""
+    from megatron_gnmr.precision import scaling
+    from megatron_gnmr.precision.flash_attention import AttentionPath
+    from megatron_gnmr.precision.measurements import values
+    from megatron_gnmr.precision.probes import ProbeBank
+
+    names = ("fp8_underflow", "fp8_mse", "fp8_underflow_o", "fp8_mse_o")
+    generator = torch.Generator().manual_seed(0)
+    # magnitudes from 1 down to 1e-8: the smallest underflow E4M3 whatever the scale
+    q, k = (torch.randn(64, generator=generator) * torch.logspace(0, -8, 64)
+            for _ in range(2))
+    o, o_held = torch.randn(64, generator=generator), torch.randn(64, generator=generator)
+    recovered, low = AttentionPath(fp8=False), AttentionPath(fp8=True)
+
+    def measure(which):
+        bank = ProbeBank(UNITS, None, which)
+        probe = bank.probe(UNITS[0])
+        probe.attention_operands(low, recovered, {"q": (q, q), "k": (k, k)}, None)
+        probe.attention_operands(low, recovered, {"o": (o, o_held)}, None)
+        probe.attention_operands(low, recovered, {"q": (k, k)}, None)  # q again: k's values
+        return values(which, bank.take().reshape(len(UNITS), -1).numpy())
+
+    alone = {name: measure((name,))[name][0] for name in names}
+    calls = []
+    quantize = scaling.quantize
+    monkeypatch.setattr(scaling, "quantize", lambda *args: calls.append(1) or quantize(*args))
+    together = measure(names)
+    assert {name: together[name][0] for name in names} == pytest.approx(alone)
+    assert alone["fp8_underflow"] > 0 and alone["fp8_mse_o"] > alone["fp8_mse"]
+    assert len(calls) == 3  # q and k, then q again: O is held, never quantized aside

@@ -88,8 +88,9 @@ class UnitProbe:
     def attention_operands(self, low_path, run_path, operands: dict, group) -> None:
         """A core attention's FP8 operands (name -> (exact, held)); the paths are
         `flash_attention.AttentionPath`s."""
+        shared = SharedOperands(operands)
         for measurement, slots in self.attention_slots:
-            measurement.attention_operands(slots, low_path, run_path, operands, group)
+            measurement.attention_operands(slots, low_path, run_path, shared, group)
 
     @torch.no_grad()
     def attention_delta(self, low_path, run_path, probabilities, grad_p, grad_out, out,
@@ -103,6 +104,16 @@ class UnitProbe:
         """The call as a production kernel exposes it (`kernel_view.KernelView`)."""
         for measurement, slots in self.attention_slots:
             measurement.attention_kernel(slots, view)
+
+
+class SharedOperands(dict):
+    """One call's attention operands with a `memo` its measurements share: what several of
+    them compute alike (the four FP8 quality metrics count the same underflows and squared
+    errors) is computed once. It lives for the one call, so it holds no tensor longer."""
+
+    def __init__(self, operands: dict):
+        super().__init__(operands)
+        self.memo: dict = {}
 
 
 def build_probes(config, registry) -> ProbeBank | None:

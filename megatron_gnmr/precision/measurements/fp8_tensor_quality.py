@@ -36,22 +36,17 @@ class FP8Underflow(Measurement):
     @torch.no_grad()
     def attention_operands(self, slots: Slots, low_path, run_path, operands: dict,
                            group) -> None:
-        from megatron_gnmr.precision.flash_attention import fp8_spec_of
-        from megatron_gnmr.precision.scaling import quantize
-
         if not low_path.fp8:
             return  # the low path holds these operands exactly
-        for name, (exact, held) in operands.items():
+        for name in operands:
             if name not in self.operands:
                 continue
-            # O comes with the low path's hold of it, made in the shadow by the kernel
-            low = held if run_path.fp8 or name == "o" else \
-                quantize(exact, fp8_spec_of(name), group)
-            exact, low = exact.float(), low.float()
+            underflowed, squared_error, elements = _operand_quality(operands, name, run_path,
+                                                                    group)
             where = 3 * self.operands.index(name)
-            slots.add(where, torch.count_nonzero((exact != 0) & (low == 0)))
-            slots.add(where + 1, torch.dist(low, exact).square())
-            slots.add_count(where + 2, exact.numel())  # a number: no copy to the device
+            slots.add(where, underflowed)
+            slots.add(where + 1, squared_error)
+            slots.add_count(where + 2, elements)  # a number: no copy to the device
 
     def per_operand(self, sums: np.ndarray) -> np.ndarray:
         """[units, operands, (underflowed, squared error, elements)]."""
@@ -68,6 +63,23 @@ class FP8Underflow(Measurement):
     def value(self, sums: np.ndarray) -> np.ndarray:
         per = self.per_operand(sums)
         return 100.0 * self.worst(per[..., 0], per[..., 2])
+
+
+def _operand_quality(operands: dict, name: str, run_path, group):
+    """(underflowed elements, squared error, elements) of one operand against its FP8 hold;
+    computed once per call for every metric of this module (`probes.SharedOperands.memo`)."""
+    from megatron_gnmr.precision.flash_attention import fp8_spec_of
+    from megatron_gnmr.precision.scaling import quantize
+
+    memo = getattr(operands, "memo", {})
+    if ("fp8_quality", name) not in memo:
+        exact, held = operands[name]
+        # O comes with the low path's hold of it, made in the shadow by the kernel
+        low = held if run_path.fp8 or name == "o" else quantize(exact, fp8_spec_of(name), group)
+        exact, low = exact.float(), low.float()
+        memo["fp8_quality", name] = (torch.count_nonzero((exact != 0) & (low == 0)),
+                                     torch.dist(low, exact).square(), exact.numel())
+    return memo["fp8_quality", name]
 
 
 class FP8MeanSquaredError(FP8Underflow):
