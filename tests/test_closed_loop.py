@@ -121,12 +121,16 @@ def test_fisher_is_the_hypergeometric_lower_tail(a, n_a, b, n_b):
 
 def test_a_run_summary_from_its_logs(tmp_path):
     """Two core attentions; the decision of step s is the recovery set of step s + 1. Unit 0
-    recovers in steps 3, 4 and 6, unit 1 in step 4: 4 unit-steps of 2 x 6 run."""
+    recovers in steps 3, 4 and 6, unit 1 in step 4: 4 unit-steps of 2 x 6 run; the GEMM FLOPs
+    run exact, as logged, average 0.28 / 6."""
     run = tmp_path / "loop-early-seed1"
     run.mkdir()
     losses = [6.0, 5.0, 4.8, 4.7, 4.6, 4.5]
+    flop_shares = [0.0, 0.0, 0.07, 0.14, 0.0, 0.07]  # the share of GEMM FLOPs run exact
     (run / "metrics.jsonl").write_text("\n".join(
-        [json.dumps({"step": s + 1, "train/loss": loss}) for s, loss in enumerate(losses)] +
+        [json.dumps({"step": s + 1, "train/loss": loss,
+                     "precision/recovered_flop_share": flop_shares[s]})
+         for s, loss in enumerate(losses)] +
         [json.dumps({"step": 2, "event": "alarm", "layer": 1, "signal": "attention_error",
                      "detector": "threshold", "value": 0.7})]))
     units = ["layers.0.self_attention.core_attention", "layers.1.self_attention.core_attention"]
@@ -140,6 +144,7 @@ def test_a_run_summary_from_its_logs(tmp_path):
     assert result["recoveries"] == {units[0]: [[3, 4], [6, 6]], units[1]: [[4, 4]]}
     assert result["first_recovery"] == 3
     assert result["recovered_share_of_executed_steps"] == pytest.approx(4 / 12)
+    assert result["recovered_gemm_flop_share"] == pytest.approx(0.28 / 6)
     assert result["final_train_loss"] == pytest.approx(sum(losses) / 6)
     assert result["first_attention_alarm"] == 2
     assert result["loss_every_25_steps"] == {"6": 4.5}

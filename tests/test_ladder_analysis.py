@@ -195,9 +195,13 @@ def test_the_lr_edge_replays_the_ladders_choice_on_the_probe_arms(tmp_path):
 
 
 def test_the_lr_edge_arms_run_where_fp8_fails_and_bf16_lives(tmp_path):
-    """From a sweep where FP8 is worse on every seed by 0.3 at 0.02 (BF16 lives), by 0.05 at
-    0.01 (within tolerance) and where BF16 diverges at 0.04: the arms run at 0.02 only, each
-    FP8's flags plus the core attentions and the ladder's arm; BF16 and FP8 again beside."""
+    """From a sweep where FP8 is worse on every seed by 0.05 at 0.01 (within tolerance), by
+    0.3 at 0.02, diverges on one seed at 0.04 while BF16 lives there (and is better by only
+    0.05 on the other), and BF16 diverges at 0.16: the arms run at 0.02 and 0.04, one step
+    below BF16's divergence edge (0.08, where FP8 is also worse by 0.3), not at 0.08. Each arm
+    is FP8's flags plus the ladder's arm on the controller round's base; GNMR, which the
+    ladder left without a quiet setting, at the project's alpha under the same rule; every
+    core attention exact as the positive control; BF16 and FP8 again beside."""
     import json
 
     import yaml
@@ -208,23 +212,34 @@ def test_the_lr_edge_arms_run_where_fp8_fails_and_bf16_lives(tmp_path):
              "fp8-lr0.01": {1: _run(4.05), 2: _run(4.05)},
              "bf16-lr0.02": {1: _run(4.05), 2: _run(4.05)},
              "fp8-lr0.02": {1: _run(4.35), 2: _run(4.35)},
-             "bf16-lr0.04": {1: _run(4.2), 2: _run(9.0, diverged_at=50)},
-             "fp8-lr0.04": {1: _run(9.0, diverged_at=40), 2: _run(9.0, diverged_at=30)}}
-    lr_edge = json.loads(json.dumps(judge(table)))  # as committed: keys become strings
+             "bf16-lr0.04": {1: _run(4.2), 2: _run(4.2)},
+             "fp8-lr0.04": {1: _run(9.0, diverged_at=40), 2: _run(4.25)},
+             "bf16-lr0.08": {1: _run(4.5), 2: _run(4.5)},
+             "fp8-lr0.08": {1: _run(4.8), 2: _run(4.8)},
+             "bf16-lr0.16": {1: _run(4.9), 2: _run(9.0, diverged_at=50)},
+             "fp8-lr0.16": {1: _run(9.0, diverged_at=40), 2: _run(9.0, diverged_at=30)}}
+    result = json.loads(json.dumps(judge(table)))  # as committed: keys become strings
+    lrs = ("0.01", "0.02", "0.04", "0.08", "0.16")
     sweep = {"base": ["--x"], "seeds": [1, 2], "variants": {
-        f"{arm}-lr{lr}": [f"--{arm}", lr] for arm in ("bf16", "fp8")
-        for lr in ("0.01", "0.02", "0.04")}}
-    ladder = {"chosen": "probe-delta-size 0.1", "chosen_spend": 0.2,
-              "best": {"gnmr-latch": "gnmr-latch 3"}}
+        f"{arm}-lr{lr}": [f"--{arm}", lr] for arm in ("bf16", "fp8") for lr in lrs}}
+    controller = {"base": ["--x", "--traced"], "variants": {
+        "attention-exact-lr0.08": ["--lr", 0.08, "--gnmr-max-o", 4, "--gnmr-signals", "static"]}}
+    ladder = {"chosen": "probe-delta-size 0.1", "chosen_spend": 0.2, "best": {}}
     path = tmp_path / "arms.yaml"
-    assert write_scenario(ladder, lr_edge, sweep, path) == ["0.02"]
-    variants = yaml.safe_load(path.read_text())["variants"]
-    assert variants["fp8-lr0.02"] == ["--fp8", "0.02"]
-    chosen = variants["chosen-lr0.02"]
-    assert chosen[:2] == ["--fp8", "0.02"] and "core_attention" in chosen
+    assert write_scenario(ladder, result, sweep, controller, path) == ["0.02", "0.04"]
+    scenario = yaml.safe_load(path.read_text())
+    variants = scenario["variants"]
+    assert scenario["base"] == ["--x", "--traced"] and variants["fp8-lr0.02"] == ["--fp8", "0.02"]
+    chosen = variants["chosen-lr0.04"]
+    assert chosen[:2] == ["--fp8", "0.04"]
     assert chosen[chosen.index("--gnmr-attention-error-threshold") + 1] == "0.1"
-    assert sorted(v.split("-lr")[0] for v in variants) == sorted(
-        ["bf16", "fp8", "chosen", "gnmr", "first-layer", "random"])
+    assert variants["attention-exact-lr0.02"] == ["--fp8", "0.02", "--gnmr-max-o", 4,
+                                                  "--gnmr-signals", "static"]
+    gnmr = variants["gnmr-lr0.02"]
+    assert gnmr[gnmr.index("--gnmr-alpha") + 1] == "2.0" and "--gnmr-latch" in gnmr
+    assert gnmr[gnmr.index("--gnmr-max-o") + 1] == "2"
+    assert sorted({v.split("-lr")[0] for v in variants}) == sorted(
+        ["bf16", "fp8", "attention-exact", "chosen", "gnmr", "first-layer", "random"])
 
 
 def test_every_arm_is_paired_with_bf16_and_its_spend_and_layers_are_read():

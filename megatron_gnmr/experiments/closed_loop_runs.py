@@ -56,6 +56,8 @@ def run_summary(run_dir: Path) -> dict:
             for index in record["recovery"]:
                 ran_exact[units[index]].append(record["step"] + 1)
     recovered_unit_steps = sum(len(v) for v in ran_exact.values())
+    shares = [r["precision/recovered_flop_share"] for r in records
+              if "precision/recovered_flop_share" in r]
     tail = [losses[s] for s in sorted(losses)[-TAIL_STEPS:]]
     valid = [r["valid/loss"] for r in records if "valid/loss" in r]
     alarms = [{"step": r["step"], "layer": r.get("layer"), "signal": r.get("signal"),
@@ -76,6 +78,8 @@ def run_summary(run_dir: Path) -> dict:
         # that ran is also the share of the attention FLOPs that ran
         "recovered_share_of_executed_steps":
             recovered_unit_steps / (steps * len(units)) if steps and units else 0.0,
+        # the share of the whole step's GEMM FLOPs run exact, as the run logged it
+        "recovered_gemm_flop_share": statistics.fmean(shares) if shares else None,
         "final_train_loss": statistics.fmean(tail) if tail else None,
         "final_valid_loss": valid[-1] if valid else None,
         "loss_every_25_steps": {str(s): losses[s] for s in sorted(losses)

@@ -1,19 +1,22 @@
-"""The LR edge's controlled round (issue 56 item 5), written from two committed results and
-the scenario the second judged:
+"""The LR edge's controlled round (issue 56 item 5), written from committed results alone:
 `python -m megatron_gnmr.experiments.lr_edge_arms docs/runs/attention_ladder/ladder.json
-docs/runs/lr_edge_controller/lr_edge.json lr_edge_controller` writes
+docs/runs/lr_edge/lr_edge.json lr_edge lr_edge_controller` writes
 configs/scenarios/lr_edge_arms.yaml.
 
-The round is the controller's (lr_edge_controller: 0.048 and 0.096, its FP8 runs traced with
-every detector's quantity, on which `compare-lr-edge --traced-arm fp8` replays the ladder's
-choice), not the first sweep's: the replay says what each arm would do there, and the arms
-pair with BF16 on the controller round's testbed. Where FP8 fails and BF16 lives
-(`failing_lrs`), per seed: BF16 and FP8 again (so that every arm pairs with them on one CPU
-model and one version of the code), and the
-ladder's arms (`ladder_held_out.arms`: the chosen detector, TE's rule with and without the
-latch and allowed to see O, GNMR, the first-layer rule, random: two units drawn and kept), each on
-the core attentions, under the ladder's one rule. Nothing here is tuned at the edge: the
-settings are the ladder's training round's, committed before this file exists.
+Where it runs (`failing_lrs`): from the full sweep's judged result (lr_edge), each LR where
+FP8 fails and BF16 lives, up to one step below BF16's divergence edge. The goal asks for FP8's
+edge with the controller within one LR step of BF16's, so these are the LRs an arm must hold
+at; one at or above BF16's divergence edge could only show more than the goal asks.
+
+What runs there, per seed of the sweep, on the controller round's testbed (lr_edge_controller:
+the sweep's base with every arm tracing every detector's quantity on the core attentions):
+BF16 and FP8 again (every arm pairs with them on one CPU model and one version of the code);
+every core attention exact (the positive control: what holding all of them buys, 14% of the
+GEMM FLOPs); and the ladder's arms under its one rule (`ladder_held_out.arms`: the chosen
+detector, TE's rule latched, unlatched and allowed to see O, the first-layer rule, random:
+two units drawn after the warm-up and kept), with GNMR at the project's alpha (2) under the
+same rule where the ladder's training round found no quiet GNMR setting. Nothing is tuned at
+the edge: the settings are the ladder's, committed before this file wrote anything.
 """
 
 from __future__ import annotations
@@ -24,47 +27,64 @@ from pathlib import Path
 
 import yaml
 
-from megatron_gnmr.experiments.ladder_held_out import SCENARIO, arms
+from megatron_gnmr.experiments.ladder_held_out import SCENARIO, arms, parse_label, setting_flags
 
-TRACED = ("kernel_output_bias,kernel_delta_bias,kernel_delta_error,kernel_probe_cost,"
-          "fp8_underflow,fp8_mse,fp8_underflow_o,fp8_mse_o")
-
-
-def failing_lrs(lr_edge: dict) -> list[str]:
-    """The LRs where FP8 fails and BF16 lives: no BF16 seed diverged, FP8 worse than BF16 on
-    every seed, and by more than the sweep's tolerance on average (the LR has cost FP8 what it
-    has not cost BF16)."""
-    bf16 = lr_edge["arms"]["bf16"]["rows"]
-    return [lr for lr, pair in lr_edge["paired"].items()
-            if not bf16[lr]["diverged"] and pair["worse"] == pair["seeds"] > 0
-            and pair["mean_gap"] > lr_edge["tolerance"]]
+POSITIVE_CONTROL = "attention-exact"
+GNMR_AT_DEFAULTS = "gnmr-latch 2"
 
 
-def write_scenario(ladder: dict, lr_edge: dict, sweep: dict, path: Path) -> list[str]:
-    """The scenario; returns the LR variants it covers."""
-    lrs = failing_lrs(lr_edge)
+def failing_lrs(sweep_result: dict) -> list[str]:
+    """The LRs (as the sweep's result spells them) below BF16's divergence edge where no BF16
+    seed diverged and FP8 fails: a seed diverged, or FP8 is worse than BF16 on every paired
+    seed and by more than the sweep's tolerance on average."""
+    bf16, fp8 = sweep_result["arms"]["bf16"], sweep_result["arms"]["fp8"]
+    out = []
+    for lr, pair in sweep_result["paired"].items():
+        if float(lr) >= bf16["divergence_edge"] or bf16["rows"][lr]["diverged"]:
+            continue
+        worse = pair["worse"] == pair["seeds"] > 0 and pair["mean_gap"] > sweep_result["tolerance"]
+        if fp8["rows"][lr]["diverged"] or worse:
+            out.append(lr)
+    return sorted(out, key=float)
+
+
+def controlled_arms(ladder: dict) -> dict[str, list[str]]:
+    """The ladder's arms, with GNMR at the project's defaults under the same rule where the
+    ladder chose none."""
+    out = arms(ladder)
+    out.setdefault("gnmr", setting_flags(parse_label(GNMR_AT_DEFAULTS)))
+    return out
+
+
+def write_scenario(ladder: dict, sweep_result: dict, sweep: dict, controller: dict,
+                   path: Path) -> list[str]:
+    """The scenario; returns the LRs it covers, spelled as the sweep's variants."""
     by_value = {float(name.split("-lr")[1]): name.split("-lr")[1]
                 for name in sweep["variants"] if name.startswith("fp8-lr")}
-    spelled = [by_value[float(lr)] for lr in lrs]
-    controlled = arms(ladder)
+    spelled = [by_value[float(lr)] for lr in failing_lrs(sweep_result)]
+    control = next(flags for name, flags in controller["variants"].items()
+                   if name.startswith(f"{POSITIVE_CONTROL}-lr"))
+    control = control[control.index("--gnmr-max-o"):]  # its controller flags, not its LR
     variants = {}
     for lr in spelled:
+        fp8 = sweep["variants"][f"fp8-lr{lr}"]
         variants[f"bf16-lr{lr}"] = sweep["variants"][f"bf16-lr{lr}"]
-        variants[f"fp8-lr{lr}"] = sweep["variants"][f"fp8-lr{lr}"]
-        for arm, flags in controlled.items():
-            variants[f"{arm}-lr{lr}"] = [*sweep["variants"][f"fp8-lr{lr}"],
-                                         "--gnmr-units", "core_attention",
-                                         "--gnmr-measure", TRACED, *flags]
+        variants[f"fp8-lr{lr}"] = fp8
+        variants[f"{POSITIVE_CONTROL}-lr{lr}"] = [*fp8, *control]
+        for arm, flags in controlled_arms(ladder).items():
+            variants[f"{arm}-lr{lr}"] = [*fp8, *flags]
     description = (
         "Issue 56 item 5, the LR edge's controlled round, written by experiments/lr_edge_arms.py "
-        "from docs/runs/attention_ladder/ladder.json and the LR round it extends (its base, "
-        "its seeds, its judged result) before any of these runs: at the LRs where FP8 fails "
-        f"and BF16 does not ({', '.join(spelled)}), "
-        "BF16 and FP8 again and the ladder's arms on the core attentions at the settings its "
-        f"training round chose (chosen: {ladder['chosen']}; random: two units drawn after the "
-        "warm-up and kept).")
-    scenario = {"description": description, "base": sweep["base"],
-                "smoke": sweep.get("smoke", []), "seeds": sweep["seeds"],
+        "from docs/runs/attention_ladder/ladder.json, the full LR sweep's result "
+        "(docs/runs/lr_edge/lr_edge.json) and the controller round's testbed before any of "
+        f"these runs: at the LRs where FP8 fails and BF16 lives ({', '.join(spelled)}), up to "
+        "one step below BF16's divergence edge, BF16 and FP8 again, every core attention exact "
+        "(the positive control) and the ladder's arms on the core attentions at the settings "
+        f"its training round chose (chosen: {ladder['chosen']}; GNMR: "
+        f"{ladder['best'].get('gnmr-latch') or GNMR_AT_DEFAULTS + ', the project default'}; "
+        "random: two units drawn after the warm-up and kept), at most 2 of the 4.")
+    scenario = {"description": description, "base": controller["base"],
+                "smoke": controller.get("smoke", []), "seeds": sweep["seeds"],
                 "smoke_seeds": sweep.get("smoke_seeds", sweep["seeds"][:1]),
                 "reference": f"bf16-lr{spelled[0]}", "variants": variants}
     path.write_text(yaml.safe_dump(scenario, sort_keys=False, width=100))
@@ -72,13 +92,16 @@ def write_scenario(ladder: dict, lr_edge: dict, sweep: dict, path: Path) -> list
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 3:
+    if len(argv) != 4:
         sys.exit("usage: python -m megatron_gnmr.experiments.lr_edge_arms LADDER_JSON "
-                 "LR_EDGE_JSON SCENARIO (e.g. docs/runs/attention_ladder/ladder.json "
-                 "docs/runs/lr_edge_controller/lr_edge.json lr_edge_controller)")
-    ladder, lr_edge = (json.loads(Path(p).read_text()) for p in argv[:2])
-    sweep = yaml.safe_load((SCENARIO / f"{argv[2]}.yaml").read_text())
-    print(write_scenario(ladder, lr_edge, sweep, SCENARIO / "lr_edge_arms.yaml"))
+                 "SWEEP_JSON SWEEP_SCENARIO CONTROLLER_SCENARIO (e.g. "
+                 "docs/runs/attention_ladder/ladder.json docs/runs/lr_edge/lr_edge.json "
+                 "lr_edge lr_edge_controller)")
+    ladder, sweep_result = (json.loads(Path(p).read_text()) for p in argv[:2])
+    sweep, controller = (yaml.safe_load((SCENARIO / f"{name}.yaml").read_text())
+                         for name in argv[2:])
+    print(write_scenario(ladder, sweep_result, sweep, controller,
+                         SCENARIO / "lr_edge_arms.yaml"))
 
 
 if __name__ == "__main__":
