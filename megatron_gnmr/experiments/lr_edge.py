@@ -228,6 +228,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ladder", default="docs/runs/attention_ladder/ladder.json",
                         help="the ladder's committed choice, whose detectors are replayed on "
                         "the traced arm (default: %(default)s)")
+    parser.add_argument("--sweep", type=Path, default=None,
+                        help="a controlled round's goal (lr_edge_arms): the full sweep's "
+                        "committed result it was chosen from (docs/runs/lr_edge/lr_edge.json)")
     parser.add_argument("--traced-arm", default="probe",
                         help="the uncontrolled FP8 arm that traces every detector's quantity, "
                         "whose runs the detectors are replayed on (default: %(default)s; "
@@ -243,6 +246,15 @@ def run(args: argparse.Namespace) -> dict:
     cpus = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
     lines = [*table_lines(result), "", f"Runs made on: {', '.join(cpus)}.",
              *_detector_lines(result, summaries, Path(args.ladder), args.traced_arm)]
+    if args.sweep is not None:
+        from megatron_gnmr.experiments import lr_edge_goal
+
+        if not args.sweep.is_file():
+            raise UserError(f"compare-lr-edge --sweep {args.sweep}: no such file")
+        goal, complete = lr_edge_goal.judge_round(result, table, scenario, summaries,
+                                                  args.sweep)
+        result["goal"] = {**goal, "complete": complete}
+        lines += lr_edge_goal.lines(goal, complete)
     (summaries / "lr_edge.md").write_text("\n".join(lines) + "\n")
     (summaries / "lr_edge.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, table, summaries / "lr_edge.png")

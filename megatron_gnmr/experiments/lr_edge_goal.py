@@ -1,0 +1,192 @@
+"""The LR edge's goal (issue 56 item 5), as results.md section 14 declared it before the
+controlled round (lr_edge_arms) ran, judged from `lr_edge.judge`'s result of that round and
+of the full sweep it was chosen from:
+- an arm *holds* at an LR when every seed of the round paired with BF16 (same seed, one CPU
+  model), none diverged, and its mean gap to BF16 is at most the sweep's tolerance; a seed
+  missing or made on another CPU model counts against holding;
+- its *edge*: the largest LR up to which it holds at every LR, the sweep's LRs below the
+  round's counting as held where FP8 held there in the sweep;
+- BF16's edge: its divergence edge in the sweep;
+- the goal: an arm whose edge is within one LR step of BF16's (it holds at every LR of the
+  round), at most 15% of the GEMM FLOPs run exact, the kernel probe's FLOPs included.
+With three seeds no paired test reaches p < 0.05; the sign test against FP8 is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from megatron_gnmr.experiments.closed_loop_statistics import sign_test_one_sided
+
+FLOP_BUDGET = 0.15
+REFERENCES = ("bf16", "fp8")
+
+
+def _holds(row: dict | None, seeds: list[int], tolerance: float) -> bool:
+    return row is not None and row["seeds"] == len(seeds) and not row["diverged_seeds"] and \
+        row["mean_gap"] <= tolerance
+
+
+def per_lr(result: dict, table: dict, arm: str, lr: float, seeds: list[int],
+           probe_share: float | None) -> dict | None:
+    """The arm at one LR: paired gaps to BF16 and FP8, the sign test against FP8, its GEMM
+    FLOPs run exact (plus the probe's), and per seed where it first recovered and which
+    layers it held."""
+    rows = result["arms"]
+    if lr not in rows[arm]["rows"] or lr not in rows["bf16"]["rows"]:
+        return None
+    mine, bf16 = rows[arm]["rows"][lr], rows["bf16"]["rows"][lr]
+    fp8 = rows["fp8"]["rows"].get(lr) if "fp8" in rows else None
+    paired = [s for s in seeds if s in mine["final"] and s in bf16["final"]
+              and mine["cpu"].get(s) == bf16["cpu"].get(s)]
+    gaps = {s: mine["final"][s] - bf16["final"][s] for s in paired}
+    against_fp8 = [s for s in paired if fp8 is not None and s in fp8["final"]
+                   and fp8["cpu"].get(s) == mine["cpu"].get(s)]
+    worse = sum(mine["final"][s] > fp8["final"][s] for s in against_fp8)
+    better = sum(mine["final"][s] < fp8["final"][s] for s in against_fp8)
+    runs = table.get(arm, {}).get(lr, {})
+    flops = [r.get("recovered_gemm_flop_share") for r in runs.values()]
+    flop_share = None if not flops or None in flops else statistics.fmean(flops)
+    return {"seeds": len(paired), "gaps": gaps,
+            "mean_gap": statistics.fmean(gaps.values()) if gaps else None,
+            "diverged_seeds": mine["diverged"],
+            "better_than_fp8": better, "versus_fp8_seeds": len(against_fp8),
+            "sign_p_better_than_fp8": sign_test_one_sided(worse, better),
+            "gemm_flops": _with_probe(flop_share, runs, probe_share),
+            "first_recovery": {s: r.get("first_recovery") for s, r in sorted(runs.items())},
+            "layers": {s: _layers(r) for s, r in sorted(runs.items())}}
+
+
+def _layers(run: dict) -> list[int]:
+    return sorted({int(unit.split("layers.")[1].split(".")[0])
+                   for unit in run.get("recoveries", {}) if "layers." in unit})
+
+
+def _with_probe(flop_share: float | None, runs: dict, probe_share: float | None
+                ) -> float | None:
+    """The GEMM FLOPs run exact plus the probe's on the attention left on the low path: the
+    probe's share of the attention's FLOPs times the attention's share of the GEMM FLOPs,
+    which is a run's GEMM share over its unit-step share (every unit a core attention of one
+    cost)."""
+    if flop_share is None:
+        return None
+    if not any(_decides_on_probe(r.get("command", [])) for r in runs.values()):
+        return flop_share
+    if probe_share is None:
+        return None
+    ratios = [r["recovered_gemm_flop_share"] / r["recovered_share_of_executed_steps"]
+              for r in runs.values() if r.get("recovered_share_of_executed_steps")]
+    if not ratios:
+        return None
+    attention = statistics.median(ratios)
+    unit_share = statistics.fmean(r["recovered_share_of_executed_steps"] for r in runs.values())
+    return flop_share + probe_share * attention * (1.0 - unit_share)
+
+
+def _decides_on_probe(command: list) -> bool:
+    """Whether the run's controller decides on the kernel probe (every arm of the round
+    measures it, to be replayed; only one reading it pays for it): its last --gnmr-signals."""
+    flags = [str(flag) for flag in command]
+    signals = [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag == "--gnmr-signals"]
+    return bool(signals) and signals[-1].startswith("kernel_")
+
+
+def judge_goal(result: dict, table: dict, sweep: dict, seeds: list[int],
+               probe_share: float | None) -> dict:
+    """{arm: verdict} for each arm of the round but BF16 and FP8, and BF16's edge. `table`:
+    {arm: {lr: {seed: summary}}}; `sweep`: the full sweep's judged result (keys as committed,
+    strings)."""
+    tolerance = sweep["tolerance"]
+    bf16_edge = sweep["arms"]["bf16"]["divergence_edge"]
+    round_lrs = sorted(result["arms"]["bf16"]["rows"])
+    below = sorted(float(lr) for lr in sweep["paired"] if float(lr) < min(round_lrs))
+    held_below = [lr for lr in below if _sweep_fp8_holds(sweep, lr, tolerance)]
+    grid = sorted({*below, *round_lrs, *(float(lr) for lr in sweep["paired"])})
+    step_below = max((lr for lr in grid if lr < bf16_edge), default=None)
+    out = {"bf16_edge": bf16_edge, "target_edge": step_below, "tolerance": tolerance,
+           "probe_share": probe_share, "arms": {}}
+    for arm in result["arms"]:
+        if arm in REFERENCES:
+            continue
+        rows = {lr: per_lr(result, table, arm, lr, seeds, probe_share) for lr in round_lrs}
+        held = {lr: _holds(row, seeds, tolerance) for lr, row in rows.items()}
+        edge = None
+        for lr in grid:
+            if lr in held and held[lr] or lr not in held and lr in held_below:
+                edge = lr
+            else:
+                break
+        flops = [row["gemm_flops"] for row in rows.values() if row is not None]
+        spend = None if not flops or None in flops or len(flops) < len(rows) else max(flops)
+        out["arms"][arm] = {
+            "rows": rows, "holds": held, "edge": edge, "gemm_flops": spend,
+            "met": all(held.values()) and spend is not None and spend <= FLOP_BUDGET}
+    return out
+
+
+def _sweep_fp8_holds(sweep: dict, lr: float, tolerance: float) -> bool:
+    key = next(k for k in sweep["paired"] if float(k) == lr)
+    pair, fp8 = sweep["paired"][key], sweep["arms"]["fp8"]["rows"][key]
+    return not fp8["diverged"] and pair["seeds"] > 0 and pair["mean_gap"] <= tolerance
+
+
+def lines(goal: dict, complete: bool) -> list[str]:
+    target = "-" if goal["target_edge"] is None else f"{goal['target_edge']:g}"
+    out = ["", "## The goal: FP8's edge with the controller within one LR step of BF16's", "",
+           f"BF16's divergence edge in the sweep: {goal['bf16_edge']:g}, so an arm must hold "
+           f"up to {target}: at each LR every seed paired with BF16, none diverged, mean gap to "
+           f"BF16 at most {goal['tolerance']}; at most {FLOP_BUDGET:.0%} of the GEMM FLOPs run "
+           "exact (the probe's included). Sign test against FP8: p that the arm is better, "
+           "seed for seed (three seeds: at best 0.125).", "",
+           "| arm | LR | gaps to BF16 | mean | holds | better than FP8 (p) | GEMM FLOPs exact | "
+           "first recovery, layers held, per seed |", "|---|---|---|---|---|---|---|---|"]
+    for arm, verdict in goal["arms"].items():
+        for lr, row in verdict["rows"].items():
+            if row is None:
+                out.append(f"| {arm} | {lr:g} | not run | - | no | - | - | - |")
+                continue
+            gaps = ", ".join(f"{g:+.3f}" for g in row["gaps"].values()) or "-"
+            mean = "-" if row["mean_gap"] is None else f"{row['mean_gap']:+.3f}"
+            flops = "-" if row["gemm_flops"] is None else f"{row['gemm_flops']:.1%}"
+            seen = "; ".join(f"{s}: {row['first_recovery'][s] or 'never'}"
+                             f"{' ' + str(row['layers'][s]) if row['layers'][s] else ''}"
+                             for s in row["first_recovery"]) or "-"
+            out.append(f"| {arm} | {lr:g} | {gaps} | {mean} | "
+                       f"{'yes' if verdict['holds'][lr] else 'no'} | "
+                       f"{row['better_than_fp8']}/{row['versus_fp8_seeds']} "
+                       f"({row['sign_p_better_than_fp8']:.3g}) | {flops} | {seen} |")
+    out.append("")
+    if not complete:
+        out.append("**The round is not complete**: no goal is met or missed yet.")
+        return out
+    for arm, verdict in goal["arms"].items():
+        edge = "below the grid" if verdict["edge"] is None else f"{verdict['edge']:g}"
+        flops = "unknown" if verdict["gemm_flops"] is None else f"{verdict['gemm_flops']:.1%}"
+        out.append(f"- {arm}: edge {edge}, GEMM FLOPs exact at most {flops}: "
+                   f"**{'met' if verdict['met'] else 'not met'}**.")
+    return out
+
+
+def judge_round(result: dict, table: dict, scenario, summaries, sweep_path) -> tuple[dict, bool]:
+    """The goal from `compare-lr-edge`'s table ({variant: {seed: summary}}) and result, the
+    probe's cost measured on the round's FP8 traces, and whether every run is in."""
+    import json
+
+    import numpy as np
+
+    from megatron_gnmr.experiments import detection_traces
+    from megatron_gnmr.experiments.lr_edge import VARIANT
+
+    by_arm: dict[str, dict[float, dict]] = {}
+    for variant, runs in table.items():
+        match = VARIANT.match(variant)
+        by_arm.setdefault(match["arm"], {})[float(match["lr"])] = runs
+    costs = [float(np.nanmean(detection_traces.read(path).trace.measured["kernel_probe_cost"]))
+             for path in sorted((summaries / "traces").glob("fp8-lr*-seed*.npz"))]
+    costs = [c for c in costs if np.isfinite(c)]
+    sweep = json.loads(sweep_path.read_text())
+    goal = judge_goal(result, by_arm, sweep, list(scenario.seeds),
+                      statistics.fmean(costs) if costs else None)
+    complete = all(seed in table.get(variant, {})
+                   for variant, seed, _ in scenario.runs(smoke=False))
+    return goal, complete
