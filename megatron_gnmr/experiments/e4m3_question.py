@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron_gnmr.experiments.runner import run_log
 from megatron_gnmr.model_families.llama import PROJ, QKV  # the question's model is LLaMA's
 
 REPO = Path(__file__).resolve().parents[2]
@@ -305,12 +306,12 @@ def run_variant(name: str, seed: int, out: Path, smoke: bool) -> Path:
     env.pop("WORLD_SIZE", None)
     command = [sys.executable, "-m", "megatron_gnmr.experiments.e4m3_question", "--run", name,
                "--seed", str(seed), "--out", str(run_dir)] + (["--smoke"] if smoke else [])
-    with run_dir.with_suffix(".log").open("w") as log:
+    with run_log(run_dir).open("w") as log:
         result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 cwd=REPO)
     if result.returncode != 0:
         raise RuntimeError(f"{run_dir.name} failed ({result.returncode}); see "
-                           f"{run_dir.with_suffix('.log')}")
+                           f"{run_log(run_dir)}")
     return run_dir
 
 

@@ -30,6 +30,12 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE_DIR = str(REPO / ".cache" / "megatron_gnmr")  # the runs' default --data-cache-dir
 
 
+def run_log(run_dir: Path) -> Path:
+    """RUN_DIR.log beside the run directory: the whole name, since a variant's name may hold
+    a dot (`fp8-lr0.024-seed1`), which `with_suffix` would cut at, giving two runs one log."""
+    return run_dir.parent / f"{run_dir.name}.log"
+
+
 def _run_logged(command: list[str], log: Path) -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("WORLD_SIZE", None)
@@ -49,7 +55,7 @@ def _last_line(log: Path) -> str:
 def run_one(run_dir: Path, flags: list[str], evaluate: list[str] | None = None,
             evaluate_exact: bool = False) -> dict:
     """One run (skipped if its summary exists), then its evaluations (skipped likewise)."""
-    log = run_dir.with_suffix(".log")
+    log = run_log(run_dir)
     if not (run_dir / "summary.json").is_file():
         log.unlink(missing_ok=True)
         # --resume auto: a run interrupted after a checkpoint continues from it
