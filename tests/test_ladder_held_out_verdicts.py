@@ -102,7 +102,6 @@ def test_the_goal_counts_a_chosen_run_it_cannot_judge_as_not_saved(monkeypatch):
 
     def goal(judged):
         compared = ladder_goal.comparisons(judged["r"], MARGINS)
-        compared["te"]["healthy_spend"] = {"seeds": 16, "chosen": 0.0, "rival": 0.0}
         return ladder_goal.goal(judged["r"], compared, 0.01, ["te"], MARGINS, whole=True)
 
     met = goal(_judge(monkeypatch, table({1, 2}), probe_share=0.0, seeds=seeds))
@@ -222,6 +221,8 @@ def test_the_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, tmp_path)
     assert "saved 3 at the exact margin, 4 at the healthy margin (needs 4" in text
     assert "**Not met.**" in text
     assert "healthy-te seed 3 (live 31, replay 30)" in text
+    judged["r"]["te"][3]["healthy_live_first_recovery"] = None  # it never recovered
+    assert "healthy-te seed 3 (live None, replay 30)" in "\n".join(report.lines(result))
     report.write_report(result, tmp_path / "held_out")
     assert (tmp_path / "held_out.png").stat().st_size > 0
     open_round = {**result, "complete": False, "secondary": {"s": {"chosen": {

@@ -78,7 +78,8 @@ def run_summary(run_dir: Path) -> dict:
         # that ran is also the share of the attention FLOPs that ran
         "recovered_share_of_executed_steps":
             recovered_unit_steps / (steps * len(units)) if steps and units else 0.0,
-        # the share of the whole step's GEMM FLOPs run exact, as the run logged it
+        # the share of the units' GEMM FLOPs (linears and core attentions) run exact, as the
+        # run logged it
         "recovered_gemm_flop_share": statistics.fmean(shares) if shares else None,
         "final_train_loss": statistics.fmean(tail) if tail else None,
         "final_valid_loss": valid[-1] if valid else None,

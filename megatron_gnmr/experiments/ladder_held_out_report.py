@@ -46,7 +46,7 @@ def _arm_row(arm: str, per_seed: dict, versus: dict | None) -> str:
             f"{acted}/{len(per_seed)} | {healthy_spend} | {healthy_tests} |")
 
 
-def _goal_line(goal: dict) -> str:
+def _goal_line(goal: dict, complete: bool) -> str:
     need = math.ceil(GOAL["saved"] * goal["died"] / 16)
     beats = "; ".join(f"{arm}: " + ", ".join(f"{test} {'yes' if won else 'no'}"
                                               for test, won in tests.items())
@@ -56,11 +56,13 @@ def _goal_line(goal: dict) -> str:
     healthy = "-" if goal["healthy_spend"] is None else f"{goal['healthy_spend']:.2%}"
     if goal["met"] is not None:
         verdict = "Met" if goal["met"] else "Not met"
+    elif not complete:
+        verdict = "Not judged: the round is incomplete"
     elif not goal["qualifies"]:
         verdict = (f"Not judged: the twins died on {goal['died']} of {goal['seeds']} seeds, "
                    "fewer than half")
     else:
-        verdict = "Not judged: the round is incomplete"
+        verdict = "Not judged"
     return (f"Goal: of {goal['died']} dying runs, saved {saved} (needs {need} at each: 14 of "
             f"16 scaled; a chosen run not judged counts as not saved); healthy runs acted on "
             f"{goal['healthy_acted']} (at most {GOAL['healthy_acted']}), spending {healthy} on "
@@ -77,7 +79,7 @@ def _replays_disagree(result: dict) -> list[str]:
         for arm, per_seed in judged["arms"].items():
             for seed, v in per_seed.items():
                 live, replay = v.get("healthy_live_first_recovery"), v["healthy_fires_at"]
-                if live is not None and live != replay:
+                if v.get("healthy_live_ran") and live != replay:
                     seen.add(f"healthy-{arm} seed {seed} (live {live}, replay {replay})")
     return sorted(seen)
 
@@ -123,7 +125,7 @@ def lines(result: dict) -> list[str]:
         for arm, per_seed in judged["arms"].items():
             out.append(_arm_row(arm, per_seed, None if arm == CHOSEN
                                 else judged["versus_chosen"].get(arm)))
-        out += ["", _goal_line(judged["goal"])]
+        out += ["", _goal_line(judged["goal"], result.get("complete", True))]
     out += _secondary_lines(result.get("secondary", {}))
     if result.get("cpus"):
         out += ["", f"Runs made on: {', '.join(result['cpus'])}."]
@@ -136,8 +138,9 @@ def _secondary_lines(secondary: dict) -> list[str]:
         return []
     out = ["", "## Twins no arm ran beside (rungs run alone, a killing rung's twins that "
            "lived): every arm's rule replayed on them", "",
-           "| rung | twins' gaps to exact (x: died) | arm | fires | first recovery (median "
-           "step) | names a faulted layer |", "|---|---|---|---|---|---|"]
+           "| rung | twins' gaps to exact (x: died; ?: exact attention not paired) | arm | "
+           "fires | first recovery (median step) | names a faulted layer |",
+           "|---|---|---|---|---|---|"]
     for rung, by_arm in secondary.items():
         for arm, per_seed in by_arm.items():
             fired = [v for v in per_seed.values() if v["fires_at"] is not None]

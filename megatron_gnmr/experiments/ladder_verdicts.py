@@ -88,6 +88,7 @@ def _verdict(twin: dict, run: dict | None, reference: dict | None, healthy, alon
         "healthy_traced": healthy is not None, "healthy_fires_at": fires_at,
         # a live healthy run is made only where the replay fires; elsewhere it would be the
         # healthy run, bit for bit, with nothing recovered
+        "healthy_live_ran": alone is not None,
         "healthy_live_first_recovery": alone["first_recovery"] if alone else None,
         "healthy_spend": _healthy_spend(healthy, fires_at, alone, probe),
         "judged": run is not None and (diverged or usable)}

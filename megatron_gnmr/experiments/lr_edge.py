@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> dict:
         if not args.sweep.is_file():
             raise UserError(f"compare-lr-edge --sweep {args.sweep}: no such file")
         goal, complete = lr_edge_goal.judge_round(result, table, scenario, summaries,
-                                                  args.sweep)
+                                                  args.sweep, args.traced_arm)
         result["goal"] = {**goal, "complete": complete}
         lines += lr_edge_goal.lines(goal, complete)
     (summaries / "lr_edge.md").write_text("\n".join(lines) + "\n")

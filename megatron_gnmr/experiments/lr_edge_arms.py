@@ -12,10 +12,11 @@ What runs there, per seed of the sweep, on the controller round's testbed (lr_ed
 the sweep's base with every arm tracing every detector's quantity on the core attentions):
 BF16 and FP8 again (every arm pairs with them on one CPU model and one version of the code);
 every core attention exact (the positive control: what holding all of them buys, 14% of the
-GEMM FLOPs); and the ladder's arms under its one rule (`ladder_held_out.arms`: the chosen
+units' GEMM FLOPs); and the ladder's arms under its one rule (`ladder_held_out.arms`: the chosen
 detector, TE's rule latched, unlatched and allowed to see O, the first-layer rule, random:
-two units drawn after the warm-up and kept), with GNMR at the project's alpha (2) under the
-same rule where the ladder's training round found no quiet GNMR setting. Nothing is tuned at
+two units drawn after the warm-up and kept), with GNMR at the project's alpha (2) where the
+ladder's training round found no quiet GNMR setting: at most 2 units and latched as every
+arm, with the lock, window and warm-up of the ladder's GNMR family. Nothing is tuned at
 the edge: the settings are the ladder's, committed before this file wrote anything.
 """
 
@@ -49,8 +50,8 @@ def failing_lrs(sweep_result: dict) -> list[str]:
 
 
 def controlled_arms(ladder: dict) -> dict[str, list[str]]:
-    """The ladder's arms, with GNMR at the project's defaults under the same rule where the
-    ladder chose none."""
+    """The ladder's arms, with GNMR at the project's alpha (the ladder's GNMR family: at most 2
+    units, latched) where the ladder chose none."""
     out = arms(ladder)
     out.setdefault("gnmr", setting_flags(parse_label(GNMR_AT_DEFAULTS)))
     return out
