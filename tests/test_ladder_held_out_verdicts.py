@@ -130,8 +130,8 @@ def test_a_rung_whose_twins_die_on_fewer_than_half_the_seeds_is_not_judged(monke
 def test_the_round_is_complete_only_with_every_run_it_judges(monkeypatch):
     """TE's seed-1 run made on CPU model B (its twin and exact attention on A) is never judged
     but not waited for (a rerun would be skipped). The round waits for: a seed in the
-    scenario never run; a twin run alone (s) missing on a seed; a live healthy run where the
-    replay fires; a chosen run where the twin died."""
+    scenario never run; a live healthy run where the replay fires; a chosen run where the twin
+    died. A twin run alone (s) missing on a seed leaves only its own table partial."""
     table = {**_table(), "twin-s": {s: _run(3.2) for s in (1, 2, 3, 4)}}
     table["te@r"][1] = _run(3.0, cpu="B")
     scenario = _scenario()
@@ -143,9 +143,13 @@ def test_the_round_is_complete_only_with_every_run_it_judges(monkeypatch):
     scenario.seeds = [1, 2, 3, 4, 5]
     assert not ladder_verdicts.complete(scenario, table, _healthy(), judged)
     scenario.seeds = [1, 2, 3, 4]
+    assert ladder_verdicts.secondary_complete(scenario, table)
     del table["twin-s"][3]
+    assert ladder_verdicts.complete(scenario, table, _healthy(), judged)
+    assert not ladder_verdicts.secondary_complete(scenario, table)
+    del table["twin-r"][3]
     assert not ladder_verdicts.complete(scenario, table, _healthy(), judged)
-    table["twin-s"][3] = _run(3.2)
+    table["twin-r"][3], table["twin-s"][3] = _run(9.0, died=400), _run(3.2)
     judged = _judge(monkeypatch, table, fires={("te", 2): 40})
     assert not ladder_verdicts.complete(scenario, table, _healthy(), judged)  # healthy-te, 2
     table["healthy-te"] = {2: _run(3.0, spent=0.5, first=40)}
@@ -237,3 +241,6 @@ def test_the_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, tmp_path)
     assert "**The round is not complete**" in text and "**Not judged: the round" in text
     assert "never judged: te@r seed 4." in text
     assert "| s | +0.200, x | chosen | 1/2 | 50 | 1/1 |" in text
+    assert "this table is partial" not in text
+    open_round["secondary_complete"] = False
+    assert "this table is partial" in "\n".join(report.lines(open_round))

@@ -126,18 +126,20 @@ def lines(result: dict) -> list[str]:
             out.append(_arm_row(arm, per_seed, None if arm == CHOSEN
                                 else judged["versus_chosen"].get(arm)))
         out += ["", _goal_line(judged["goal"], result.get("complete", True))]
-    out += _secondary_lines(result.get("secondary", {}))
+    out += _secondary_lines(result.get("secondary", {}), result.get("secondary_complete", True))
     if result.get("cpus"):
         out += ["", f"Runs made on: {', '.join(result['cpus'])}."]
     return out
 
 
-def _secondary_lines(secondary: dict) -> list[str]:
+def _secondary_lines(secondary: dict, whole: bool) -> list[str]:
     """The twins no arm ran beside: what each arm's rule would do on them, replayed."""
     if not secondary:
         return []
     out = ["", "## Twins no arm ran beside (rungs run alone, a killing rung's twins that "
            "lived): every arm's rule replayed on them", "",
+           *([] if whole else ["**Not every twin run alone has run yet**: this table is "
+                               "partial (the goal reads none of it).", ""]),
            "| rung | twins' gaps to exact (x: died; ?: exact attention not paired) | arm | "
            "fires | first recovery (median step) | names a faulted layer |",
            "|---|---|---|---|---|---|"]

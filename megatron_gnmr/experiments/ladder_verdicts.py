@@ -156,21 +156,31 @@ def secondary(scenario, table: dict, traces: dict) -> dict:
 
 
 def complete(scenario, table: dict, traces: dict, judged: dict) -> bool:
-    """Every seed has its twins (those run alone included), exact attention and a healthy
-    trace; every arm has run on every seed whose twin died, and on the healthy run wherever its
-    replay fires: until then no goal is met or missed. A run made on another CPU model is there
-    (a rerun would be skipped) but never judged: the chosen arm's counts as not saved, a
-    rival's leaves its seed out of the paired tests, and the report names it."""
-    twins = [v for v in scenario.variants if v.startswith(TWIN_PREFIX)]
+    """Every seed has the twins of the rungs with arms, exact attention and a healthy trace;
+    every arm has run on every seed whose twin died, and on the healthy run wherever its
+    replay fires: until then no goal is met or missed. The twins run alone (pass C) are not
+    waited for: the goal reads none of them (`secondary_complete` marks their table). A run
+    made on another CPU model is there (a rerun would be skipped) but never judged: the chosen
+    arm's counts as not saved, a rival's leaves its seed out of the paired tests, and the
+    report names it."""
+    _, rungs = arms_and_rungs(scenario)
     for seed in scenario.seeds:
         if seed not in table.get(EXACT, {}) or (HEALTHY, seed) not in traces:
             return False
-        if any(seed not in table.get(twin, {}) for twin in twins):
+        if any(seed not in table.get(TWIN_PREFIX + rung, {}) for rung in rungs):
             return False
     verdicts_ = [v for by_arm in judged.values() for per_seed in by_arm.values()
                  for v in per_seed.values()]
     return all(v["ran"] or v["other_cpu"] for v in verdicts_ if v["twin_died_at"]) and \
         all(v["healthy_spend"] is not None for v in verdicts_)
+
+
+def secondary_complete(scenario, table: dict) -> bool:
+    """Every twin without arms has run on every seed."""
+    _, rungs = arms_and_rungs(scenario)
+    return all(seed in table.get(variant, {}) for variant in scenario.variants
+               if variant.startswith(TWIN_PREFIX) and variant[len(TWIN_PREFIX):] not in rungs
+               for seed in scenario.seeds)
 
 
 def judge_round(args: argparse.Namespace) -> tuple[dict, Path]:
@@ -191,6 +201,7 @@ def judge_round(args: argparse.Namespace) -> tuple[dict, Path]:
     rivals = [arm for arm in arms_and_rungs(scenario)[0] if arm.startswith("te")]
     whole = complete(scenario, table, traces, judged)
     result = {"margins": training["margins"], "complete": whole, "probe_share": probe,
+              "secondary_complete": secondary_complete(scenario, table),
               "rungs": {}, "secondary": secondary(scenario, table, traces)}
     for rung, by_arm in judged.items():
         compared = comparisons(by_arm, training["margins"])
