@@ -244,3 +244,18 @@ def test_the_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, tmp_path)
     assert "this table is partial" not in text
     open_round["secondary_complete"] = False
     assert "this table is partial" in "\n".join(report.lines(open_round))
+
+
+def test_the_goal_waits_for_its_own_arms_only(monkeypatch):
+    """random, an arm the goal does not read, has run on seed 1 only: the goal can be judged,
+    the arms' table is marked partial; TE missing on seed 2 holds the goal open."""
+    table = {**_table(), "random@r": {1: _run(3.0, spent=0.5)}}
+    scenario = _scenario()
+    scenario.variants["random@r"] = ["--gnmr-signals", "random"]
+    monkeypatch.setattr(ladder_verdicts, "fires_on", lambda *args: None)
+    judged = ladder_verdicts.verdicts(scenario, table, _healthy(), MARGINS, 0.01)
+    assert ladder_verdicts.complete(scenario, table, _healthy(), judged)
+    assert not ladder_verdicts.arms_complete(judged, ["chosen", "te", "random"])
+    del table["te@r"][2]
+    judged = ladder_verdicts.verdicts(scenario, table, _healthy(), MARGINS, 0.01)
+    assert not ladder_verdicts.complete(scenario, table, _healthy(), judged)

@@ -25,6 +25,11 @@ CHOSEN = "chosen"
 GOAL = {"saved": 14, "healthy_acted": 1, "probe_share": 0.02, "p": 0.05}  # of 16 seeds
 
 
+def goal_arms(arms) -> list[str]:
+    """The arms the goal reads: the chosen one and TE's (its rivals)."""
+    return [arm for arm in arms if arm == CHOSEN or arm.startswith("te")]
+
+
 def dying_seeds(per_seed: dict) -> dict:
     """The seeds whose twin died and whose arm's run can be judged."""
     return {s: v for s, v in per_seed.items() if v["twin_died_at"] and v["judged"]}

@@ -108,6 +108,9 @@ def lines(result: dict) -> list[str]:
         out += ["", "**The round is not complete** (a seed lacks a twin, exact attention or "
                 "a healthy trace, or an arm has not run where its twin died or where its replay "
                 "fires on the healthy run): no goal is met or missed yet."]
+    if not result.get("arms_complete", True):
+        out += ["", "**Not every arm has run yet**: the arms the goal does not read (the "
+                "first-layer rule, random) are partial in the tables below."]
     disagree = _replays_disagree(result)
     if disagree:
         out += ["", f"**A live healthy run did not first recover where its replay did**: "

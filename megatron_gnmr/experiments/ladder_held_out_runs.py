@@ -4,15 +4,18 @@ Two processes, each on its own seeds, make the round two runs at a time
 (scripts/reproduce/attention_ladder_heldout.sh); each run is one `megatron-gnmr reproduce`,
 which skips a run whose summary exists, so an interrupted round resumes.
 
-Three passes over the seeds:
+Four passes over the seeds, the goal's runs first (`ladder_verdicts.complete` waits for the
+first two and no more):
 - pass A, per seed: every twin (short when it dies), exact attention, the healthy run, then on
   each rung whose twin died the chosen arm and TE's rule allowed to see O (TE's best in the
   training round);
-- pass B, per seed: the other arms on each rung whose twin died;
-- pass C, per seed: the twins that run alone (`ladder_held_out.SECONDARY`), on which every
+- pass B, per seed: TE's rule latched and unlatched on each rung whose twin died;
+- pass C, per seed: the arms the goal does not read (the first-layer rule, random);
+- pass D, per seed: the twins that run alone (`ladder_held_out.SECONDARY`), on which every
   arm's rule is replayed, not run.
-After each of A and B, per seed: `healthy-ARM` for each of that pass's arms whose replay on
-the healthy trace fires; where it does not, the live run would be the healthy run bit for bit.
+After each of A, B and C, per seed: `healthy-ARM` for each of that pass's arms whose replay
+on the healthy trace fires; where it does not, the live run would be the healthy run bit for
+bit.
 
 An arm on a rung whose twin lived is not run: the verdicts (`ladder_goal.dying_seeds`)
 judge an arm only on the seeds whose twin died.
@@ -30,7 +33,8 @@ from megatron_gnmr.experiments.ladder import HEALTHY, TWIN_PREFIX
 from megatron_gnmr.experiments.ladder_verdicts import arms_and_rungs
 
 NAME = "attention_ladder_heldout"
-PASSES = (("chosen", "te-o"), ("te-latch", "te-nolatch", "first-layer", "random", "gnmr"))
+# the goal's arms first (the chosen one and TE's), then the arms it does not read
+PASSES = (("chosen", "te-o"), ("te-latch", "te-nolatch"), ("first-layer", "random", "gnmr"))
 
 
 def pass_runs(scenario, seed: int, arms, died: Callable[[str, int], bool]) -> Iterator[str]:

@@ -34,7 +34,7 @@ from megatron_gnmr.experiments import detection_traces
 from megatron_gnmr.experiments.closed_loop_runs import run_summary
 from megatron_gnmr.experiments.held_out import fires_on, first_recovery
 from megatron_gnmr.experiments.ladder import EXACT, HEALTHY, TWIN_PREFIX
-from megatron_gnmr.experiments.ladder_goal import comparisons, goal
+from megatron_gnmr.experiments.ladder_goal import CHOSEN, comparisons, goal, goal_arms
 from megatron_gnmr.experiments.run_summaries import collect, locations
 from megatron_gnmr.precision.attention_fault import layer_of
 
@@ -157,20 +157,26 @@ def secondary(scenario, table: dict, traces: dict) -> dict:
 
 def complete(scenario, table: dict, traces: dict, judged: dict) -> bool:
     """Every seed has the twins of the rungs with arms, exact attention and a healthy trace;
-    every arm has run on every seed whose twin died, and on the healthy run wherever its
-    replay fires: until then no goal is met or missed. The twins run alone (pass C) are not
-    waited for: the goal reads none of them (`secondary_complete` marks their table). A run
-    made on another CPU model is there (a rerun would be skipped) but never judged: the chosen
-    arm's counts as not saved, a rival's leaves its seed out of the paired tests, and the
-    report names it."""
+    each arm the goal reads (`ladder_goal.goal_arms`) has run on every seed whose twin died,
+    and on the healthy run wherever its replay fires: until then no goal is met or missed.
+    The arms the goal does not read and the twins run alone are not waited for
+    (`arms_complete` and `secondary_complete` mark their tables). A run made on another CPU
+    model is there (a rerun would be skipped) but never judged: the chosen arm's counts as not
+    saved, a rival's leaves its seed out of the paired tests, and the report names it."""
     _, rungs = arms_and_rungs(scenario)
     for seed in scenario.seeds:
         if seed not in table.get(EXACT, {}) or (HEALTHY, seed) not in traces:
             return False
         if any(seed not in table.get(TWIN_PREFIX + rung, {}) for rung in rungs):
             return False
-    verdicts_ = [v for by_arm in judged.values() for per_seed in by_arm.values()
-                 for v in per_seed.values()]
+    return arms_complete(judged, goal_arms(arms_and_rungs(scenario)[0]))
+
+
+def arms_complete(judged: dict, arms) -> bool:
+    """Each of `arms` has run on every seed whose twin died, and on the healthy run wherever
+    its replay fires."""
+    verdicts_ = [v for by_arm in judged.values() for arm, per_seed in by_arm.items()
+                 if arm in arms for v in per_seed.values()]
     return all(v["ran"] or v["other_cpu"] for v in verdicts_ if v["twin_died_at"]) and \
         all(v["healthy_spend"] is not None for v in verdicts_)
 
@@ -198,9 +204,11 @@ def judge_round(args: argparse.Namespace) -> tuple[dict, Path]:
     training = json.loads(Path(args.training).read_text())
     probe = measured_probe_share(traces)
     judged = verdicts(scenario, table, traces, training["margins"], probe)
-    rivals = [arm for arm in arms_and_rungs(scenario)[0] if arm.startswith("te")]
+    arms = arms_and_rungs(scenario)[0]
+    rivals = [arm for arm in goal_arms(arms) if arm != CHOSEN]
     whole = complete(scenario, table, traces, judged)
     result = {"margins": training["margins"], "complete": whole, "probe_share": probe,
+              "arms_complete": arms_complete(judged, arms),
               "secondary_complete": secondary_complete(scenario, table),
               "rungs": {}, "secondary": secondary(scenario, table, traces)}
     for rung, by_arm in judged.items():
