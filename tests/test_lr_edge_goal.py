@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from megatron_gnmr.experiments.lr_edge import judge
+from megatron_gnmr.experiments.lr_edge import by_arm, judge
 from megatron_gnmr.experiments.lr_edge_goal import judge_goal, lines
 
 SEEDS = [1, 2, 3]
@@ -64,16 +64,8 @@ def _round():
     return table
 
 
-def _by_arm(table):
-    out = {}
-    for variant, runs in table.items():
-        arm, _, lr = variant.rpartition("-lr")
-        out.setdefault(arm, {})[float(lr)] = runs
-    return out
-
-
 def _goal(table, complete=True):
-    return judge_goal(judge(table), _by_arm(table), _sweep(), SEEDS, probe_share=0.02,
+    return judge_goal(judge(table), by_arm(table), _sweep(), SEEDS, probe_share=0.02,
                       complete=complete)
 
 

@@ -47,13 +47,19 @@ def _summary(run_dir) -> dict:
     return summary
 
 
-def judge(table: dict) -> dict:
+def by_arm(table: dict) -> dict[str, dict[float, dict[int, dict]]]:
+    """{variant: runs} -> {arm: {lr: runs}}."""
     arms: dict[str, dict[float, dict[int, dict]]] = {}
     for variant, by_seed in table.items():
         match = VARIANT.match(variant)
         if match is None:
             raise UserError(f"compare-lr-edge: variant {variant!r} is not ARM-lrVALUE")
         arms.setdefault(match["arm"], {})[float(match["lr"])] = by_seed
+    return arms
+
+
+def judge(table: dict) -> dict:
+    arms = by_arm(table)
     out = {"tolerance": TOLERANCE, "arms": {}}
     for arm, by_lr in arms.items():
         rows = {}
@@ -251,8 +257,8 @@ def run(args: argparse.Namespace) -> dict:
 
         if not args.sweep.is_file():
             raise UserError(f"compare-lr-edge --sweep {args.sweep}: no such file")
-        goal, complete = lr_edge_goal.judge_round(result, table, scenario, summaries,
-                                                  args.sweep, args.traced_arm)
+        goal, complete = lr_edge_goal.judge_round(result, by_arm(table), scenario, table,
+                                                  summaries, args.sweep, args.traced_arm)
         result["goal"] = {**goal, "complete": complete}
         lines += lr_edge_goal.lines(goal, complete)
     (summaries / "lr_edge.md").write_text("\n".join(lines) + "\n")

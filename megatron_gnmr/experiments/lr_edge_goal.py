@@ -185,22 +185,17 @@ def lines(goal: dict, complete: bool) -> list[str]:
     return out
 
 
-def judge_round(result: dict, table: dict, scenario, summaries, sweep_path,
+def judge_round(result: dict, by_arm: dict, scenario, table: dict, summaries, sweep_path,
                 traced_arm: str) -> tuple[dict, bool]:
-    """The goal from `compare-lr-edge`'s table ({variant: {seed: summary}}) and result, the
-    probe's cost measured on the round's traces of its uncontrolled FP8 arm, and whether
-    every run is in."""
+    """The goal from `compare-lr-edge`'s result and its runs ({arm: {lr: {seed: summary}}};
+    `table`: {variant: {seed: summary}}), the probe's cost measured on the round's traces of
+    its uncontrolled FP8 arm, and whether every run is in."""
     import json
 
     import numpy as np
 
     from megatron_gnmr.experiments import detection_traces
-    from megatron_gnmr.experiments.lr_edge import VARIANT
 
-    by_arm: dict[str, dict[float, dict]] = {}
-    for variant, runs in table.items():
-        match = VARIANT.match(variant)
-        by_arm.setdefault(match["arm"], {})[float(match["lr"])] = runs
     costs = []
     for path in sorted((summaries / "traces").glob(f"{traced_arm}-lr*-seed*.npz")):
         measured = detection_traces.read(path).trace.measured
