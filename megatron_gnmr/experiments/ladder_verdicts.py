@@ -163,13 +163,13 @@ def complete(scenario, table: dict, traces: dict, judged: dict) -> bool:
     (`arms_complete` and `secondary_complete` mark their tables). A run made on another CPU
     model is there (a rerun would be skipped) but never judged: the chosen arm's counts as not
     saved, a rival's leaves its seed out of the paired tests, and the report names it."""
-    _, rungs = arms_and_rungs(scenario)
+    arms, rungs = arms_and_rungs(scenario)
     for seed in scenario.seeds:
         if seed not in table.get(EXACT, {}) or (HEALTHY, seed) not in traces:
             return False
         if any(seed not in table.get(TWIN_PREFIX + rung, {}) for rung in rungs):
             return False
-    return arms_complete(judged, goal_arms(arms_and_rungs(scenario)[0]))
+    return arms_complete(judged, goal_arms(arms))
 
 
 def arms_complete(judged: dict, arms) -> bool:
