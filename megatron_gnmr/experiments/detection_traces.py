@@ -103,3 +103,12 @@ def read(path: Path) -> DetectionTrace:
                   [()] * steps, measured, alarmed, meta["signal_settings"])
     return DetectionTrace(meta["name"], trace, loss, meta["fault_layers"],
                           meta["diverged_at"], meta["provenance"])
+
+
+def mean_probe_cost(loaded: list[DetectionTrace]) -> float | None:
+    """The kernel probe's FLOPs over the attention's, the mean over traces that measured it
+    (each trace's own mean over its unit-steps); None where none did."""
+    costs = [float(np.nanmean(t.trace.measured["kernel_probe_cost"])) for t in loaded
+             if "kernel_probe_cost" in t.trace.measured]
+    costs = [c for c in costs if np.isfinite(c)]
+    return float(np.mean(costs)) if costs else None

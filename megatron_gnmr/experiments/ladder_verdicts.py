@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
-
-import numpy as np
 
 from megatron_gnmr.experiments import detection_traces
 from megatron_gnmr.experiments.closed_loop_runs import run_summary
@@ -224,7 +221,5 @@ def judge_round(args: argparse.Namespace) -> tuple[dict, Path]:
 def measured_probe_share(traces: dict) -> float | None:
     """The kernel probe's FLOPs over the attention's, the mean over the round's healthy traces
     (every unit-step of a healthy run is probed); None where none measured it."""
-    costs = [float(np.nanmean(loaded.trace.measured["kernel_probe_cost"]))
-             for (variant, _), loaded in sorted(traces.items())
-             if variant == HEALTHY and "kernel_probe_cost" in loaded.trace.measured]
-    return statistics.fmean(costs) if costs else None
+    return detection_traces.mean_probe_cost(
+        [loaded for (variant, _), loaded in sorted(traces.items()) if variant == HEALTHY])

@@ -192,18 +192,13 @@ def judge_round(result: dict, by_arm: dict, scenario, table: dict, summaries, sw
     its uncontrolled FP8 arm, and whether every run is in."""
     import json
 
-    import numpy as np
-
     from megatron_gnmr.experiments import detection_traces
 
-    costs = []
-    for path in sorted((summaries / "traces").glob(f"{traced_arm}-lr*-seed*.npz")):
-        measured = detection_traces.read(path).trace.measured
-        if "kernel_probe_cost" in measured:
-            costs.append(float(np.nanmean(measured["kernel_probe_cost"])))
-    costs = [c for c in costs if np.isfinite(c)]
+    probe_share = detection_traces.mean_probe_cost(
+        [detection_traces.read(path)
+         for path in sorted((summaries / "traces").glob(f"{traced_arm}-lr*-seed*.npz"))])
     complete = all(seed in table.get(variant, {})
                    for variant, seed, _ in scenario.runs(smoke=False))
     goal = judge_goal(result, by_arm, json.loads(sweep_path.read_text()), list(scenario.seeds),
-                      statistics.fmean(costs) if costs else None, complete)
+                      probe_share, complete)
     return goal, complete
