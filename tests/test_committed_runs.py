@@ -15,9 +15,9 @@ def _commit(folder, variant, seed, cpu):
     (folder / f"{variant}-seed{seed}.json").write_text(json.dumps({"cpu": cpu}))
 
 
-def _left(folder):
-    return [(v, s) for v, s, _ in
-            runs_still_to_make(RUNS, committed_summaries(folder, RUNS), HERE, folder)]
+def _left(folder, runs=RUNS):
+    committed = committed_summaries(folder, {seed for _, seed, _ in runs})
+    return [(v, s) for v, s, _ in runs_still_to_make(runs, committed, HERE, folder)]
 
 
 def test_a_whole_seed_from_another_cpu_is_kept_and_a_part_made_here_is_finished(tmp_path):
@@ -35,3 +35,17 @@ def test_a_seed_part_made_on_another_cpu_is_refused_by_name(tmp_path):
 
 def test_nothing_committed_leaves_every_run(tmp_path):
     assert _left(tmp_path) == [(v, s) for v, s, _ in RUNS]
+
+
+def test_a_seed_is_refused_for_a_run_of_it_made_elsewhere_that_was_not_asked_for(tmp_path):
+    # a round asks for one variant at a time: the seed's other runs decide its CPU model
+    _commit(tmp_path, "healthy", 2, THERE)
+    with pytest.raises(UserError, match=r"seed 2 .*healthy \(Xeon \(family 6, model 167\)\)"):
+        _left(tmp_path, [("twin", 2, [])])
+
+
+def test_seed_1_is_not_read_from_seed_11s_summaries(tmp_path):
+    _commit(tmp_path, "twin", 11, THERE)
+    _commit(tmp_path, "healthy", 1, HERE)
+    assert committed_summaries(tmp_path, [1]) == {("healthy", 1): {"cpu": HERE}}
+    assert _left(tmp_path, [("twin", 1, [])]) == [("twin", 1)]

@@ -1,12 +1,17 @@
-"""The held-out round's run order: arms only where the twin died, asked only once it ran."""
+"""The held-out round's run order: arms only where the twin died, asked only once it ran,
+read from what landed when an earlier machine made it, on one CPU model a seed."""
 
+import json
 from types import SimpleNamespace
 
 from megatron_gnmr.experiments.ladder_held_out_runs import (
     PASSES,
+    died_reader,
+    fires_reader,
     healthy_runs,
     pass_runs,
     secondary_twins,
+    seeds_made_here,
 )
 
 SCENARIO = SimpleNamespace(variants={v: [] for v in (
@@ -46,3 +51,43 @@ def test_a_healthy_arm_runs_only_where_its_rule_fires_on_the_healthy_trace():
 
     assert healthy_runs(SCENARIO, 7, PASSES[0], fires) == ["healthy-te-o"]
     assert fired == ["chosen@a", "te-o@a"]  # each arm replayed once, on its first rung's rule
+
+
+def _commit(folder, run, **summary):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{run}.json").write_text(json.dumps(summary))
+
+
+def test_a_twin_made_on_an_earlier_machine_is_read_from_its_committed_summary(tmp_path):
+    summaries = tmp_path / "docs"
+    _commit(summaries, "twin-a-seed7", diverged_at=212)
+    _commit(summaries, "twin-b-seed7", diverged_at=None)
+    died = died_reader(tmp_path / "results", summaries)  # this machine made none of them
+    assert died("twin-a", 7)
+    assert not died("twin-b", 7)
+    assert not died("twin-a", 8)  # not made anywhere yet
+
+
+def test_a_rule_is_replayed_on_the_committed_healthy_trace_when_no_run_is_here(
+        tmp_path, monkeypatch):
+    from megatron_gnmr.experiments import detection_traces, held_out
+
+    summaries = tmp_path / "docs"
+    (summaries / "traces").mkdir(parents=True)
+    (summaries / "traces" / "healthy-seed7.npz").write_bytes(b"")
+    read = []
+    monkeypatch.setattr(detection_traces, "read",
+                        lambda path: read.append(path) or SimpleNamespace(trace=path.name))
+    monkeypatch.setattr(held_out, "fires_on", lambda trace, scenario, rule, seed: 40)
+    fires = fires_reader(SCENARIO, tmp_path / "results", summaries)
+    assert fires("te-o@a", 7)
+    assert read == [summaries / "traces" / "healthy-seed7.npz"]
+    assert not fires("te-o@a", 8)  # no healthy trace for seed 8 anywhere: nothing fires
+
+
+def test_a_seed_with_runs_from_another_cpu_model_is_skipped_by_name(tmp_path, capsys):
+    _commit(tmp_path, "twin-a-seed7", cpu="Xeon (model 167)")
+    _commit(tmp_path, "twin-a-seed8", cpu="EPYC (model 17)")
+    _commit(tmp_path, "twin-a-seed17", cpu="Xeon (model 167)")
+    assert seeds_made_here([7, 8, 9, 1], tmp_path, "EPYC (model 17)") == [8, 9, 1]
+    assert "seed 7 skipped" in capsys.readouterr().out

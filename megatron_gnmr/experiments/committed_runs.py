@@ -15,32 +15,37 @@ from pathlib import Path
 from megatron_gnmr.errors import UserError
 
 
-def committed_summaries(summaries: Path, runs) -> dict[tuple[str, int], dict]:
-    """{(variant, seed): summary} for every run of `runs` whose summary `summaries` holds."""
+def committed_summaries(summaries: Path, seeds) -> dict[tuple[str, int], dict]:
+    """{(variant, seed): summary} for every run of `seeds` whose summary `summaries` holds,
+    whatever its variant: a seed's CPU model is that of every run of it that landed, not
+    only of the runs asked for now."""
     found = {}
-    for variant, seed, _ in runs:
-        path = summaries / f"{variant}-seed{seed}.json"
-        if path.is_file():
-            found[(variant, seed)] = json.loads(path.read_text())
+    for seed in sorted(set(seeds)):
+        suffix = f"-seed{seed}"
+        for path in summaries.glob(f"*{suffix}.json"):
+            found[(path.stem[: -len(suffix)], seed)] = json.loads(path.read_text())
     return found
+
+
+def made_elsewhere(committed: dict[tuple[str, int], dict], seed: int, cpu: str) -> list[str]:
+    """'VARIANT (CPU)' for each committed run of `seed` made on a CPU model other than `cpu`."""
+    return [f"{variant} ({summary.get('cpu', 'an unrecorded CPU')})"
+            for (variant, s), summary in sorted(committed.items())
+            if s == seed and summary.get("cpu") != cpu]
 
 
 def runs_still_to_make(runs, committed: dict[tuple[str, int], dict], cpu: str,
                        summaries: Path) -> list:
-    """`runs` less those committed on `cpu`. A seed with a run committed on another CPU model
-    is refused unless every one of its runs is committed (then it is whole and pairs)."""
-    seeds = sorted({seed for _, seed, _ in runs})
-    for seed in seeds:
-        arms = [variant for variant, s, _ in runs if s == seed]
-        if all((variant, seed) in committed for variant in arms):
-            continue
-        elsewhere = [f"{variant} ({committed[(variant, seed)].get('cpu', 'an unrecorded CPU')})"
-                     for variant in arms if (variant, seed) in committed
-                     and committed[(variant, seed)].get("cpu") != cpu]
+    """`runs` less those committed. A seed with a run still to make is refused when any run
+    of it, asked for or not, was committed on another CPU model (a seed whose runs asked for
+    are all committed needs nothing made, so it is kept whole wherever it was made)."""
+    left = [run for run in runs if (run[0], run[1]) not in committed]
+    for seed in sorted({seed for _, seed, _ in left}):
+        elsewhere = made_elsewhere(committed, seed, cpu)
         if elsewhere:
             raise UserError(
                 f"reproduce: seed {seed} is part-made on another CPU model: "
                 f"{', '.join(elsewhere)} committed in {summaries}, this machine is {cpu}. "
                 f"Its runs pair only on one CPU model: finish the seed there, or delete its "
                 f"committed summaries (and traces) to make the whole seed here")
-    return [run for run in runs if (run[0], run[1]) not in committed]
+    return left

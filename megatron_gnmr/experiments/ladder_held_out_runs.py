@@ -19,11 +19,18 @@ bit.
 
 An arm on a rung whose twin lived is not run: the verdicts (`ladder_goal.dying_seeds`)
 judge an arm only on the seeds whose twin died.
+
+A machine's run directories do not outlive it, so whether a twin died, and the healthy trace a
+rule is replayed on, are read from the committed summaries and traces
+(docs/runs/attention_ladder_heldout) when this machine did not make the run. A seed with runs
+committed from another CPU model is skipped, named: its runs pair only on that model
+(`committed_runs`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -69,32 +76,52 @@ def _reproduce(out: Path, variant: str, seed: int) -> None:
                     "--out", str(out), "--variants", variant, "--seeds", str(seed)], check=False)
 
 
-def _died(out: Path) -> Callable[[str, int], bool]:
+def died_reader(out: Path, summaries: Path) -> Callable[[str, int], bool]:
     from megatron_gnmr.experiments.closed_loop_runs import run_summary
 
     def died(variant: str, seed: int) -> bool:
-        run_dir = out / f"{variant}-seed{seed}"
-        return (run_dir / "summary.json").is_file() and \
-            run_summary(run_dir)["diverged_at"] is not None
+        run_dir, committed = out / f"{variant}-seed{seed}", summaries / f"{variant}-seed{seed}.json"
+        if (run_dir / "summary.json").is_file():
+            return run_summary(run_dir)["diverged_at"] is not None
+        return committed.is_file() and json.loads(committed.read_text())["diverged_at"] is not None
     return died
 
 
-def _fires(scenario, out: Path) -> Callable[[str, int], bool]:
+def fires_reader(scenario, out: Path, summaries: Path) -> Callable[[str, int], bool]:
     from megatron_gnmr.experiments import detection_traces
     from megatron_gnmr.experiments.held_out import fires_on
 
     def fires(rule: str, seed: int) -> bool:
-        healthy = out / f"{HEALTHY}-seed{seed}"
-        if not (healthy / "summary.json").is_file():
-            return False
-        trace = out / f"{HEALTHY}-seed{seed}.npz"
-        if not trace.is_file():
+        healthy, trace = out / f"{HEALTHY}-seed{seed}", out / f"{HEALTHY}-seed{seed}.npz"
+        if (healthy / "summary.json").is_file() and not trace.is_file():
             detection_traces.write(healthy, trace)
+        if not trace.is_file():
+            trace = summaries / "traces" / f"{HEALTHY}-seed{seed}.npz"
+        if not trace.is_file():
+            return False
         return fires_on(detection_traces.read(trace).trace, scenario, rule, seed) is not None
     return fires
 
 
+def seeds_made_here(seeds: list[int], summaries: Path, cpu: str) -> list[int]:
+    """`seeds` less those with a run committed from another CPU model, each named."""
+    from megatron_gnmr.experiments.committed_runs import committed_summaries, made_elsewhere
+
+    committed, here = committed_summaries(summaries, seeds), []
+    for seed in seeds:
+        elsewhere = made_elsewhere(committed, seed, cpu)
+        if elsewhere:
+            print(f"{NAME}: seed {seed} skipped, its runs pair only on one CPU model: "
+                  f"{len(elsewhere)} committed from another ({elsewhere[0]}, ...), this "
+                  f"machine is {cpu}", flush=True)
+        else:
+            here.append(seed)
+    return here
+
+
 def main(argv: list[str] | None = None) -> None:
+    from megatron_gnmr.experiments.provenance import cpu_name
+    from megatron_gnmr.experiments.runner import REPO
     from megatron_gnmr.experiments.scenario import load_scenario
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -102,14 +129,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("results") / NAME)
     args = parser.parse_args(argv)
     scenario = load_scenario(NAME)
-    died, fires = _died(args.out), _fires(scenario, args.out)
+    summaries = REPO / "docs" / "runs" / NAME
+    seeds = seeds_made_here(args.seeds, summaries, cpu_name())
+    died, fires = died_reader(args.out, summaries), fires_reader(scenario, args.out, summaries)
     for arms in PASSES:
-        for seed in args.seeds:
+        for seed in seeds:
             for variant in pass_runs(scenario, seed, arms, died):
                 _reproduce(args.out, variant, seed)
             for variant in healthy_runs(scenario, seed, arms, fires):
                 _reproduce(args.out, variant, seed)
-    for seed in args.seeds:
+    for seed in seeds:
         for variant in secondary_twins(scenario):
             _reproduce(args.out, variant, seed)
 

@@ -153,7 +153,7 @@ def _without_committed(scenario: Scenario, runs) -> list:
     from megatron_gnmr.experiments.provenance import cpu_name
 
     summaries = REPO / "docs" / "runs" / scenario.name
-    committed = committed_summaries(summaries, runs)
+    committed = committed_summaries(summaries, {seed for _, seed, _ in runs})
     left = runs_still_to_make(runs, committed, cpu_name(), summaries)
     if len(left) < len(runs):
         print(f"reproduce {scenario.name}: {len(runs) - len(left)} runs committed in "
