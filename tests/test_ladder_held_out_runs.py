@@ -10,6 +10,7 @@ from megatron_gnmr.experiments.ladder_held_out_runs import (
     fires_reader,
     healthy_runs,
     pass_runs,
+    schedule,
     secondary_twins,
     seeds_made_here,
 )
@@ -91,3 +92,11 @@ def test_a_seed_with_runs_from_another_cpu_model_is_skipped_by_name(tmp_path, ca
     _commit(tmp_path, "twin-a-seed17", cpu="Xeon (model 167)")
     assert seeds_made_here([7, 8, 9, 1], tmp_path, "EPYC (model 17)") == [8, 9, 1]
     assert "seed 7 skipped" in capsys.readouterr().out
+
+
+def test_each_seed_gets_the_goals_passes_whole_before_the_next_seed_starts():
+    from megatron_gnmr.experiments.ladder_goal import goal_arms
+
+    a, b, c = PASSES
+    assert set(goal_arms(a + b + c)) == set(a + b)  # the goal's passes hold every arm it reads
+    assert schedule([5, 6]) == [(a, 5), (b, 5), (a, 6), (b, 6), (c, 5), (c, 6)]

@@ -4,8 +4,11 @@ Two processes, each on its own seeds, make the round two runs at a time
 (scripts/reproduce/attention_ladder_heldout.sh); each run is one `megatron-gnmr reproduce`,
 which skips a run whose summary exists, so an interrupted round resumes.
 
-Four passes over the seeds, the goal's runs first (`ladder_verdicts.complete` waits for the
-first two and no more):
+Four passes over each seed, the goal's runs first (`ladder_verdicts.complete` waits for the
+first two and no more). A and B run seed by seed, both whole before the next seed starts:
+machines change between sessions, and a seed's runs pair only on one CPU model, so a seed
+left with only its pass A made would wait for that CPU model to come back. C and D follow,
+pass by pass, once every seed has its goal's runs:
 - pass A, per seed: every twin (short when it dies), exact attention, the healthy run, then on
   each rung whose twin died the chosen arm and TE's rule allowed to see O (TE's best in the
   training round);
@@ -42,6 +45,14 @@ from megatron_gnmr.experiments.ladder_verdicts import arms_and_rungs
 NAME = "attention_ladder_heldout"
 # the goal's arms first (the chosen one and TE's), then the arms it does not read
 PASSES = (("chosen", "te-o"), ("te-latch", "te-nolatch"), ("first-layer", "random", "gnmr"))
+GOAL_PASSES = 2
+
+
+def schedule(seeds: list[int]) -> list[tuple[tuple[str, ...], int]]:
+    """(a pass's arms, seed) in the order run: the goal's passes seed by seed, each seed whole
+    before the next, then the other passes over every seed."""
+    return [(arms, seed) for seed in seeds for arms in PASSES[:GOAL_PASSES]] + \
+        [(arms, seed) for arms in PASSES[GOAL_PASSES:] for seed in seeds]
 
 
 def pass_runs(scenario, seed: int, arms, died: Callable[[str, int], bool]) -> Iterator[str]:
@@ -132,12 +143,11 @@ def main(argv: list[str] | None = None) -> None:
     summaries = REPO / "docs" / "runs" / NAME
     seeds = seeds_made_here(args.seeds, summaries, cpu_name())
     died, fires = died_reader(args.out, summaries), fires_reader(scenario, args.out, summaries)
-    for arms in PASSES:
-        for seed in seeds:
-            for variant in pass_runs(scenario, seed, arms, died):
-                _reproduce(args.out, variant, seed)
-            for variant in healthy_runs(scenario, seed, arms, fires):
-                _reproduce(args.out, variant, seed)
+    for arms, seed in schedule(seeds):
+        for variant in pass_runs(scenario, seed, arms, died):
+            _reproduce(args.out, variant, seed)
+        for variant in healthy_runs(scenario, seed, arms, fires):
+            _reproduce(args.out, variant, seed)
     for seed in seeds:
         for variant in secondary_twins(scenario):
             _reproduce(args.out, variant, seed)
