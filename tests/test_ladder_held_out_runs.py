@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from megatron_gnmr.experiments.ladder_held_out_runs import (
     PASSES,
+    TWINS_ALONE,
     died_reader,
     fires_reader,
     healthy_runs,
@@ -13,6 +14,7 @@ from megatron_gnmr.experiments.ladder_held_out_runs import (
     schedule,
     secondary_twins,
     seeds_made_here,
+    starts_within,
 )
 
 SCENARIO = SimpleNamespace(variants={v: [] for v in (
@@ -99,4 +101,23 @@ def test_each_seed_gets_the_goals_passes_whole_before_the_next_seed_starts():
 
     a, b, c = PASSES
     assert set(goal_arms(a + b + c)) == set(a + b)  # the goal's passes hold every arm it reads
-    assert schedule([5, 6]) == [(a, 5), (b, 5), (a, 6), (b, 6), (c, 5), (c, 6)]
+    assert list(schedule([5, 6])) == [(a, 5), (b, 5), (a, 6), (b, 6), (c, 5), (c, 6),
+                                      (TWINS_ALONE, 5), (TWINS_ALONE, 6)]
+
+
+def test_no_seed_is_begun_after_the_time_given_but_one_begun_here_goes_on(tmp_path, capsys):
+    summaries, out = tmp_path / "docs", tmp_path / "results"
+    _commit(summaries, "twin-a-seed6", cpu="here")  # made here in an earlier session
+    (out / "twin-a-seed8").mkdir(parents=True)  # begun here in this one
+    now = [0.0]
+    may_start = starts_within(30, summaries, out, clock=lambda: now[0])
+    order = schedule([5, 6, 7, 8, 9], may_start)
+    assert next(order) == (PASSES[0], 5)  # within the 30 minutes: seed 5 begins
+    now[0] = 31 * 60.0
+    a, b, c = PASSES
+    assert list(order) == [(b, 5), (a, 6), (b, 6), (a, 8), (b, 8),
+                           (c, 5), (c, 6), (c, 8), (TWINS_ALONE, 5), (TWINS_ALONE, 6),
+                           (TWINS_ALONE, 8)]
+    said = capsys.readouterr().out
+    assert "seed 7 not begun" in said and "seed 9 not begun" in said
+    assert all(starts_within(None, summaries, out, clock=lambda: 1e9)(seed) for seed in (7, 9))

@@ -8,7 +8,7 @@ Four passes over each seed, the goal's runs first (`ladder_verdicts.complete` wa
 first two and no more). A and B run seed by seed, both whole before the next seed starts:
 machines change between sessions, and a seed's runs pair only on one CPU model, so a seed
 left with only its pass A made would wait for that CPU model to come back. C and D follow,
-pass by pass, once every seed has its goal's runs:
+pass by pass, over the seeds begun:
 - pass A, per seed: every twin (short when it dies), exact attention, the healthy run, then on
   each rung whose twin died the chosen arm and TE's rule allowed to see O (TE's best in the
   training round);
@@ -18,7 +18,9 @@ pass by pass, once every seed has its goal's runs:
   arm's rule is replayed, not run.
 After each of A, B and C, per seed: `healthy-ARM` for each of that pass's arms whose replay
 on the healthy trace fires; where it does not, the live run would be the healthy run bit for
-bit.
+bit. With `--new-seeds-for MINUTES` (a machine lent for a session) no seed is begun after
+MINUTES, so the session's end strands no seed begun just before it; the seeds begun get C and
+D.
 
 An arm on a rung whose twin lived is not run: the verdicts (`ladder_goal.dying_seeds`)
 judge an arm only on the seeds whose twin died.
@@ -36,6 +38,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -46,13 +49,21 @@ NAME = "attention_ladder_heldout"
 # the goal's arms first (the chosen one and TE's), then the arms it does not read
 PASSES = (("chosen", "te-o"), ("te-latch", "te-nolatch"), ("first-layer", "random", "gnmr"))
 GOAL_PASSES = 2
+TWINS_ALONE: tuple[str, ...] = ()  # the last pass has no arm: the twins that run alone
 
 
-def schedule(seeds: list[int]) -> list[tuple[tuple[str, ...], int]]:
+def schedule(seeds: list[int], may_start: Callable[[int], bool] = lambda seed: True
+             ) -> Iterator[tuple[tuple[str, ...], int]]:
     """(a pass's arms, seed) in the order run: the goal's passes seed by seed, each seed whole
-    before the next, then the other passes over every seed."""
-    return [(arms, seed) for seed in seeds for arms in PASSES[:GOAL_PASSES]] + \
-        [(arms, seed) for arms in PASSES[GOAL_PASSES:] for seed in seeds]
+    before the next, then the other passes, the twins alone last, over the seeds begun.
+    `may_start(seed)` is asked just before a seed's first pass: a seed it refuses is left to
+    another session."""
+    begun = []
+    for seed in seeds:
+        if may_start(seed):
+            begun.append(seed)
+            yield from ((arms, seed) for arms in PASSES[:GOAL_PASSES])
+    yield from ((arms, seed) for arms in (*PASSES[GOAL_PASSES:], TWINS_ALONE) for seed in begun)
 
 
 def pass_runs(scenario, seed: int, arms, died: Callable[[str, int], bool]) -> Iterator[str]:
@@ -130,6 +141,23 @@ def seeds_made_here(seeds: list[int], summaries: Path, cpu: str) -> list[int]:
     return here
 
 
+def starts_within(minutes: float | None, summaries: Path, out: Path,
+                  clock: Callable[[], float] = time.monotonic) -> Callable[[int], bool]:
+    """`may_start` for `schedule`: a seed nothing of which is made yet starts only within
+    `minutes` of now; one with a run committed or begun here goes on (it is this CPU
+    model's already)."""
+    deadline = None if minutes is None else clock() + 60 * minutes
+
+    def may_start(seed: int) -> bool:
+        made = any(summaries.glob(f"*-seed{seed}.json")) or any(out.glob(f"*-seed{seed}"))
+        if made or deadline is None or clock() < deadline:
+            return True
+        print(f"{NAME}: seed {seed} not begun: --new-seeds-for {minutes:g} minutes have "
+              "passed (a seed begun and left half-made waits for this CPU model)", flush=True)
+        return False
+    return may_start
+
+
 def main(argv: list[str] | None = None) -> None:
     from megatron_gnmr.experiments.provenance import cpu_name
     from megatron_gnmr.experiments.runner import REPO
@@ -138,18 +166,26 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", nargs="+", type=int, required=True)
     parser.add_argument("--out", type=Path, default=Path("results") / NAME)
+    parser.add_argument("--new-seeds-for", type=float, default=None, metavar="MINUTES",
+                        help="begin no new seed after MINUTES (a machine lent for a while: "
+                        "the goal's runs of a seed take about 2 hours of one core); the "
+                        "seeds begun then get the other passes")
     args = parser.parse_args(argv)
+    if args.new_seeds_for is not None and args.new_seeds_for < 0:
+        parser.error("--new-seeds-for must be >= 0 minutes")
     scenario = load_scenario(NAME)
     summaries = REPO / "docs" / "runs" / NAME
     seeds = seeds_made_here(args.seeds, summaries, cpu_name())
     died, fires = died_reader(args.out, summaries), fires_reader(scenario, args.out, summaries)
-    for arms, seed in schedule(seeds):
+    may_start = starts_within(args.new_seeds_for, summaries, args.out)
+    for arms, seed in schedule(seeds, may_start):
+        if arms == TWINS_ALONE:
+            for variant in secondary_twins(scenario):
+                _reproduce(args.out, variant, seed)
+            continue
         for variant in pass_runs(scenario, seed, arms, died):
             _reproduce(args.out, variant, seed)
         for variant in healthy_runs(scenario, seed, arms, fires):
-            _reproduce(args.out, variant, seed)
-    for seed in seeds:
-        for variant in secondary_twins(scenario):
             _reproduce(args.out, variant, seed)
 
 
