@@ -2,9 +2,9 @@
 machine's run directories do not outlive its session, what landed does). Every `--every`
 minutes, for each scenario: the compact summary of every finished run under
 RESULTS/SCENARIO that docs/runs/SCENARIO does not hold yet (it records the CPU model), the
-detection trace of each twin and healthy run (as the fault ladder's rounds keep them,
-`ladder.collect_traces`), then one commit of those files only, named by
-run and CPU model. Run it from the checkout that lands, beside the round's runners:
+detection trace of each twin and healthy run (as the fault ladder's rounds keep them:
+`ladder.collect_traces`), then one commit of those files only, named by run and CPU model.
+Run it from the checkout that lands, beside the round's runners:
 
     .venv/bin/python scripts/commit_finished_runs.py attention_ladder_heldout \\
         [--results /work/results] [--every 10] [--once]
