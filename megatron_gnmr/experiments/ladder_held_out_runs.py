@@ -146,10 +146,12 @@ def starts_within(minutes: float | None, summaries: Path, out: Path,
     """`may_start` for `schedule`: a seed nothing of which is made yet starts only within
     `minutes` of now; one with a run committed or begun here goes on (it is this CPU
     model's already)."""
+    from megatron_gnmr.experiments.committed_runs import committed_summaries
+
     deadline = None if minutes is None else clock() + 60 * minutes
 
     def may_start(seed: int) -> bool:
-        made = any(summaries.glob(f"*-seed{seed}.json")) or any(out.glob(f"*-seed{seed}"))
+        made = bool(committed_summaries(summaries, [seed])) or any(out.glob(f"*-seed{seed}"))
         if made or deadline is None or clock() < deadline:
             return True
         print(f"{NAME}: seed {seed} not begun: --new-seeds-for {minutes:g} minutes have "
