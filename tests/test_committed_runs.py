@@ -5,7 +5,8 @@ import json
 import pytest
 
 from megatron_gnmr.errors import UserError
-from megatron_gnmr.experiments.committed_runs import committed_summaries, runs_still_to_make
+from megatron_gnmr.experiments.committed_runs import (committed_summaries, runs_still_to_make,
+                                                      superseded_seeds)
 
 HERE, THERE = "Xeon (family 6, model 207)", "Xeon (family 6, model 167)"
 RUNS = [(variant, seed, []) for seed in (1, 2, 3) for variant in ("healthy", "twin")]
@@ -49,3 +50,18 @@ def test_seed_1_is_not_read_from_seed_11s_summaries(tmp_path):
     _commit(tmp_path, "healthy", 1, HERE)
     assert committed_summaries(tmp_path, [1]) == {("healthy", 1): {"cpu": HERE}}
     assert _left(tmp_path, [("twin", 1, [])]) == [("twin", 1)]
+
+
+def test_a_seed_moved_to_superseded_is_made_again_whole_and_listed(tmp_path):
+    """Seed 2, part-made on THERE, moves to superseded/: the runner no longer sees it, so
+    every run of seed 2 is left to make here; the listing counts the moved runs per seed."""
+    _commit(tmp_path, "healthy", 2, THERE)
+    _commit(tmp_path, "twin", 3, HERE)
+    with pytest.raises(UserError, match="superseded"):
+        _left(tmp_path)
+    (tmp_path / "superseded").mkdir()
+    (tmp_path / "healthy-seed2.json").rename(tmp_path / "superseded" / "healthy-seed2.json")
+    assert _left(tmp_path) == [("healthy", 1), ("twin", 1), ("healthy", 2), ("twin", 2),
+                               ("healthy", 3)]
+    assert superseded_seeds(tmp_path) == {2: {"runs": 1, "cpus": [THERE]}}
+    assert superseded_seeds(tmp_path / "nowhere") == {}

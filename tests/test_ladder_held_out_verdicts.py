@@ -242,6 +242,11 @@ def test_the_report_reads_the_verdicts_as_counted_by_hand(monkeypatch, tmp_path)
     assert "never judged: te@r seed 4." in text
     assert "| s | +0.200, x | chosen | 1/2 | 50 | 1/1 |" in text
     assert "this table is partial" not in text
+    assert "superseded/" not in text
+    open_round["superseded"] = {"106": {"runs": 1, "cpus": ["Xeon 167"]},
+                                "12": {"runs": 3, "cpus": ["Xeon 167", "EPYC 17"]}}
+    assert ("never judged: seed 12 (3 runs on Xeon 167, EPYC 17); seed 106 (1 runs on "
+            "Xeon 167).") in "\n".join(report.lines(open_round))
     open_round["secondary_complete"] = False
     assert "this table is partial" in "\n".join(report.lines(open_round))
 

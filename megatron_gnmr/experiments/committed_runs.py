@@ -5,7 +5,9 @@ do, so a round spread over several machines resumes from what landed.
 Runs pair (a twin beside its healthy run, an arm beside its rival) only when made on one CPU
 model: GEMMs round differently on another. So a committed run is reused only where it was
 made on this machine's CPU model, and a seed part-made on another CPU model is refused by
-name rather than finished here and mixed."""
+name rather than finished here and mixed. Should that CPU model not come back, the seed's runs
+move to docs/runs/SCENARIO/superseded/ (read by no runner, so the seed is made again whole
+here) and are kept there, listed and never judged."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import json
 from pathlib import Path
 
 from megatron_gnmr.errors import UserError
+
+SUPERSEDED = "superseded"
 
 
 def committed_summaries(summaries: Path, seeds) -> dict[tuple[str, int], dict]:
@@ -46,6 +50,20 @@ def runs_still_to_make(runs, committed: dict[tuple[str, int], dict], cpu: str,
             raise UserError(
                 f"reproduce: seed {seed} is part-made on another CPU model: "
                 f"{', '.join(elsewhere)} committed in {summaries}, this machine is {cpu}. "
-                f"Its runs pair only on one CPU model: finish the seed there, or delete its "
-                f"committed summaries (and traces) to make the whole seed here")
+                f"Its runs pair only on one CPU model: finish the seed there, or move its "
+                f"committed summaries and traces to {summaries / SUPERSEDED}/ (kept, never "
+                f"judged) to make the whole seed here")
     return left
+
+
+def superseded_seeds(summaries: Path) -> dict[int, dict]:
+    """{seed: {"runs": how many, "cpus": [...]}} for the runs moved to SUMMARIES/superseded/."""
+    seeds: dict[int, dict] = {}
+    for path in sorted((summaries / SUPERSEDED).glob("*-seed*.json")):
+        seed = int(path.stem.rpartition("-seed")[2])
+        entry = seeds.setdefault(seed, {"runs": 0, "cpus": []})
+        entry["runs"] += 1
+        cpu = json.loads(path.read_text()).get("cpu") or "an unrecorded CPU"
+        if cpu not in entry["cpus"]:
+            entry["cpus"].append(cpu)
+    return seeds

@@ -104,6 +104,14 @@ def lines(result: dict) -> list[str]:
     if elsewhere:
         out += ["", f"Made on another CPU model than their seed's twin and exact attention, so "
                 f"never judged: {', '.join(elsewhere)}."]
+    superseded = result.get("superseded") or {}
+    if superseded:
+        out += ["", "Made again whole, their first CPU model not having come back to finish "
+                "them (results.md, section 14): the first runs are kept in superseded/ and "
+                "never judged: "
+                + "; ".join(f"seed {seed} ({entry['runs']} runs on {', '.join(entry['cpus'])})"
+                            for seed, entry in sorted(superseded.items(),
+                                                      key=lambda item: int(item[0]))) + "."]
     if not result.get("complete", True):
         out += ["", "**The round is not complete** (a seed lacks a twin, exact attention or "
                 "a healthy trace, or an arm has not run where its twin died or where its replay "

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from megatron_gnmr.experiments import detection_traces
 from megatron_gnmr.experiments.closed_loop_runs import run_summary
+from megatron_gnmr.experiments.committed_runs import superseded_seeds
 from megatron_gnmr.experiments.held_out import fires_on, first_recovery
 from megatron_gnmr.experiments.ladder import EXACT, HEALTHY, TWIN_PREFIX
 from megatron_gnmr.experiments.ladder_goal import CHOSEN, comparisons, goal, goal_arms
@@ -214,6 +215,7 @@ def judge_round(args: argparse.Namespace) -> tuple[dict, Path]:
             "arms": by_arm, "versus_chosen": compared,
             "goal": goal(by_arm, compared, probe, rivals, training["margins"], whole=whole)}
     result["cpus"] = sorted({r.get("cpu") or "?" for arm in table.values() for r in arm.values()})
+    result["superseded"] = superseded_seeds(summaries)
     (summaries / "held_out.json").write_text(json.dumps(result, indent=1) + "\n")
     return result, summaries
 
