@@ -30,13 +30,17 @@ class SigkillWhileHashing(Exception):
     pass
 
 
-def _sigterm_during_step(monkeypatch, stop_step: int) -> None:
+def _sigterm_during_step(monkeypatch, stop_step: int, once=None) -> None:
     """SIGTERM to this process while optimizer step `stop_step` trains (the handler the run
-    installed notes it; the step's end agrees to stop)."""
+    installed notes it; the step's end agrees to stop), once `once()` is true if given: a
+    forked writer reaches its files when the CPU lets it, not by the next step."""
     real = Trainer.train_step
 
     def train_step(trainer, step):
         if step + 1 == stop_step:
+            waited_until = time.monotonic() + HANG_S / 2
+            while once is not None and not once() and time.monotonic() < waited_until:
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGTERM)
         return real(trainer, step)
 
@@ -90,7 +94,7 @@ def test_the_stop_does_not_wait_for_the_async_save_in_flight(tmp_path, monkeypat
 
     monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data",
                         staticmethod(hang_on_step_1))
-    _sigterm_during_step(monkeypatch, 2)
+    _sigterm_during_step(monkeypatch, 2, once=hung.is_file)  # the writer of step 1 hangs
     assert pretrain_in_process([*RUN, "--train-iters", "20", "--async-save",
                                 "--save-interval", "1", "--save", str(run)]) == 0
     assert hung.is_file() and not woke.exists()  # the stop did not wait for the hung writer
