@@ -106,6 +106,13 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def read_growing_jsonl(path: Path) -> list[dict]:
+    """The whole records of a log a live run is still appending to: its last line may be
+    half-written."""
+    lines = path.read_text().split("\n")[:-1]  # what follows the last newline is unfinished
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def train_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in read_jsonl(run_dir / "metrics.jsonl")
             if "train/loss" in r}

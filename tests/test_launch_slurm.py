@@ -58,8 +58,8 @@ def test_the_time_limit_requeues_only_after_the_ranks_have_saved(tmp_path):
         "srun": f"""#!/bin/bash
 if [ "$1" = "--overlap" ]; then shift 2; "$@"; exit 0; fi
 echo $$ > {pid}
-echo srun-launch >> {log}
 trap 'sleep 1; echo training-saved >> {log}; exit 0' TERM
+echo srun-launch >> {log}
 while true; do sleep 0.1; done
 """,
         "pkill": f"#!/bin/bash\necho pkill >> {log}\nkill -TERM $(cat {pid})\n",

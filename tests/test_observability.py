@@ -3,8 +3,10 @@
 import subprocess
 import sys
 import time
+import uuid
 
 import numpy as np
+import psutil
 import pytest
 
 from tests.helpers import LAUNCH_TIMEOUT_S, REPO, TINY, run_pretrain
@@ -14,24 +16,32 @@ GNMR = ["--gnmr", "--gnmr-delta", "2", "--gnmr-warmup", "3", "--gnmr-alpha", "1.
         "--gnmr-beta", "1.1", "--gnmr-max-o", "2"]
 
 
-def _wandb_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "wandb-core" in line and "ps -eo" not in line]
+def _processes_of_this_run(marker: str) -> list[str]:
+    """The processes alive that inherited `marker` from the run's environment (as wandb-core
+    does): those of the other tests running beside this one (wandb's, too) do not count."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.environ().get("GNMR_TEST_RUN_MARKER") == marker:
+                found.append(f"{process.info['pid']} {' '.join(process.info['cmdline'])}")
+        except psutil.Error:  # exited, or not ours to read
+            continue
+    return found
 
 
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("wandb_run")
-    before = set(_wandb_processes())
+    marker = uuid.uuid4().hex
     run_pretrain([*TINY, *GNMR, "--train-iters", "8", "--eval-interval", "4",
                   "--save", str(run_dir), "--wandb-project", "gnmr-test", "--wandb-mode",
                   "offline", "--tensorboard-dir", str(run_dir / "tb"), "--image-interval", "4"],
-                 extra_env={"WANDB_API_KEY": ""})
-    return run_dir, before
+                 extra_env={"WANDB_API_KEY": "", "GNMR_TEST_RUN_MARKER": marker})
+    return run_dir, marker
 
 
 def test_wandb_offline_run_has_the_metrics_and_no_process_is_left(logged_run):
-    run_dir, before = logged_run
+    run_dir, marker = logged_run
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1
     run = read_offline_run(offline[0])
@@ -49,11 +59,10 @@ def test_wandb_offline_run_has_the_metrics_and_no_process_is_left(logged_run):
     assert run["config"]["gnmr"]["enabled"] is True  # the full run config
     assert run["config"]["model"]["num_layers"] == 2
     assert "final_valid_loss" in run["summary"]
-    for _ in range(20):  # wandb-core exits asynchronously after teardown
-        if not set(_wandb_processes()) - before:
-            break
+    deadline = time.monotonic() + 60  # wandb-core exits asynchronously after teardown
+    while _processes_of_this_run(marker) and time.monotonic() < deadline:
         time.sleep(0.25)
-    assert not set(_wandb_processes()) - before
+    assert not _processes_of_this_run(marker)
 
 
 def test_tensorboard_has_the_same_scalars(logged_run):

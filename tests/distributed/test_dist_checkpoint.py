@@ -26,6 +26,7 @@ from tests.helpers import (
     TINY,
     TORCHRUN,
     pretrain_in_process,
+    read_growing_jsonl,
     read_jsonl,
     run_batch,
     run_pretrain,
@@ -197,7 +198,7 @@ def test_sigterm_mid_run_saves_that_step_and_exits_zero(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     while not (run / "metrics.jsonl").is_file() or \
-            not any("train/loss" in r and r["step"] >= 3 for r in read_jsonl(
+            not any("train/loss" in r and r["step"] >= 3 for r in read_growing_jsonl(
                 run / "metrics.jsonl")):
         assert launch.poll() is None and time.monotonic() < deadline, launch.stdout.read()
         time.sleep(0.5)

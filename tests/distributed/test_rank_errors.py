@@ -24,13 +24,13 @@ def test_an_error_on_rank_1_only_is_printed_and_both_ranks_exit(tmp_path):
     (directory / "meta.json").write_text(json.dumps(meta))
     start = time.perf_counter()
     result = run_pretrain([*TP2, "--resume", "auto", "--save", str(run),
-                           "--distributed-timeout-minutes", "15"], nproc=2, check=False,
+                           "--distributed-timeout-minutes", "45"], nproc=2, check=False,
                           timeout=LAUNCH_TIMEOUT_S)
     elapsed = time.perf_counter() - start
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    # A rank left waiting in a collective would end only at the 15-minute distributed
+    # A rank left waiting in a collective would end only at the 45-minute distributed
     # timeout; the refusal itself took 10-20 s on a quiet machine and 112 s on a busy one.
-    assert result.returncode != 0 and elapsed < 5 * 60
+    assert result.returncode != 0 and elapsed < 12 * 60
     assert len(errors) == 1, result.stderr[-3000:]
     assert "rank_00001.pt cannot be read as a checkpoint" in errors[0]
     assert errors[0].endswith("(on rank 1)")
