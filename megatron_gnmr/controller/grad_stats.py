@@ -2,8 +2,9 @@
 
 After megatron's DDP has reduced gradients into `param.main_grad`, every local gradient's
 norm is taken in one fused pass (`torch._foreach_norm`), squared, and summed into a
-`[num_units + 1]` float32 vector by unit (the last slot collects every parameter that is not
-an eligible unit: embeddings, norms, output head). TP-duplicated parameters (e.g. norm
+`[num_units + 1]` float64 vector: a slot per unit, and a last slot holding the total over
+every parameter (the units' and the rest: embeddings, norms, output head), summed in the
+parameters' order whatever the registry holds. TP-duplicated parameters (e.g. norm
 weights) are counted on TP rank 0 only, as megatron's `get_grad_norm_fp32` does. A weightless
 unit (a core attention) adds the squared norm of the gradients it hands back to its inputs,
 summed on the device during the backward; it does not enter the global norm (clipping scales
@@ -90,13 +91,19 @@ class GradStats:
     @torch.no_grad()
     def compute(self, loss_scale: float = 1.0, optimizer=None) -> StepGradStats:
         grads = self._local_gradients(optimizer) if self.norms_here else []
-        # On the device: NCCL reduces device tensors only.
-        squared = torch.zeros(self.num_units + 1, dtype=torch.float32, device=run_device())
+        # On the device: NCCL reduces device tensors only. The last slot holds the total over
+        # every parameter, summed in the parameters' own order: summed slot by slot, its order
+        # followed the registry, and in float32 that moved the clip coefficient's last bits,
+        # so which units were measured changed training (tests/test_grad_norm_registry.py).
+        # float64: a float32 norm's square is exact there.
+        squared = torch.zeros(self.num_units + 1, dtype=torch.float64, device=run_device())
         if grads:
             norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g
                                          for g in grads])
-            squared.index_add_(0, self.slots, torch.stack(norms).square())
-        parts = [squared.double()]
+            per_parameter = torch.stack(norms).double().square()
+            squared.index_add_(0, self.slots, per_parameter)  # the rest's lands in the last
+            squared[-1] = per_parameter.sum()  # slot, replaced by the total
+        parts = [squared]
         if self.attention_sums is not None:
             parts.append(self.attention_sums.take().to(squared.device))
         if self.probes is not None:
@@ -105,7 +112,7 @@ class GradStats:
         torch.distributed.all_reduce(reduced, group=self.group)  # the one collective
         reduced = reduced.double().cpu()
         squared = reduced[: self.num_units + 1] / (loss_scale**2)
-        total_norm = float(squared.sum().sqrt())  # parameters only: what clipping scales
+        total_norm = float(squared[-1].sqrt())  # parameters only: what clipping scales
         unit_squared = squared[:-1]
         rest = reduced[self.num_units + 1:]
         if self.attention_sums is not None:
