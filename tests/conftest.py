@@ -87,6 +87,23 @@ def _environment_as_found():
     os.environ.update(before)
 
 
+@pytest.fixture
+def megatron_world():
+    """One process as a world of one (TINY's layout: gloo, megatron's parallel state), torn
+    down after the test, for tests that build megatron objects in this process."""
+    import torch
+    from megatron.core import parallel_state
+
+    from megatron_gnmr.arguments import parse_config
+    from megatron_gnmr.training import distributed
+    from tests.helpers import TINY
+
+    distributed.initialize(parse_config(TINY))
+    yield
+    parallel_state.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         path = Path(str(item.fspath))

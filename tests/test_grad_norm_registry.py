@@ -9,22 +9,8 @@ coefficient followed, and at FP8's learning-rate edge that decided whether a run
 import pytest
 import torch
 
-from megatron_gnmr.arguments import parse_config
 from megatron_gnmr.controller.grad_stats import GradStats
 from megatron_gnmr.controller.units import UnitRegistry
-from tests.helpers import TINY
-
-
-@pytest.fixture
-def megatron_world():
-    from megatron.core import parallel_state
-
-    from megatron_gnmr.training import distributed
-
-    distributed.initialize(parse_config(TINY))
-    yield
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
 
 
 def _model_with_gradients(seed: int) -> torch.nn.ModuleList:

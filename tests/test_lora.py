@@ -26,18 +26,6 @@ from megatron_gnmr.precision.recipes import w8a8
 from tests.helpers import TINY, pretrain_in_process, read_jsonl, train_losses
 
 
-@pytest.fixture
-def megatron_world():
-    from megatron.core import parallel_state
-
-    from megatron_gnmr.training import distributed
-
-    distributed.initialize(parse_config(TINY))
-    yield
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
-
-
 def _logits(recipe: str, lora: bool, extra=()):
     from megatron_gnmr.training.distributed import set_seeds
 
